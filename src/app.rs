@@ -1,0 +1,140 @@
+//! Building and running a gateway. Binding is separate from running, so tests start the real
+//! application on port 0 and read the address back.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::Verifier;
+use crate::catalog::Catalog;
+use crate::claims::ClaimService;
+use crate::config::Config;
+use crate::reprocess::Reprocessor;
+use crate::store::Store;
+use crate::writer::Writer;
+
+/// Everything a request handler needs, shared by all connections.
+pub struct AppState {
+    pub store: Store,
+    pub catalog: Catalog,
+    pub verifier: Verifier,
+    pub claims: ClaimService,
+    pub metrics: PrometheusHandle,
+    /// Set on shutdown, so /readyz turns 503 before the listener closes.
+    draining: AtomicBool,
+}
+
+impl AppState {
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+}
+
+/// A gateway that is bound and connected, not yet serving.
+pub struct Application {
+    listener: TcpListener,
+    state: Arc<AppState>,
+    writer: Writer,
+    reprocessor: Reprocessor,
+    config: Config,
+}
+
+impl Application {
+    /// Connects to PostgreSQL (creating the database and applying migrations) and Redis
+    /// (loading the scripts), and binds the listener.
+    ///
+    /// # Errors
+    /// Any startup failure, with context.
+    pub async fn build(config: Config) -> anyhow::Result<Application> {
+        use anyhow::Context;
+        let db = crate::db::connect_and_migrate(&config.database_url)
+            .await
+            .context("connecting to PostgreSQL")?;
+        let store = Store::connect(&config.redis_url, &config.key_prefix, config.redis_timeout)
+            .await
+            .context("connecting to Redis")?;
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("binding {}", config.listen))?;
+        let wake = Arc::new(Notify::new());
+        let coalesce = std::env::var("DROPGATE_COALESCE").map_or(true, |v| v != "0");
+        let state = Arc::new(AppState {
+            catalog: Catalog::new(db.clone()),
+            verifier: Verifier::new(&config.admission_secret, config.admin_token.clone()),
+            claims: ClaimService::new(store.clone(), coalesce, wake.clone()),
+            metrics: crate::metrics::handle(),
+            store: store.clone(),
+            draining: AtomicBool::new(false),
+        });
+        let writer = Writer::new(
+            store.clone(),
+            db.clone(),
+            wake,
+            config.journal_claim_idle,
+            config.reprocess_backoff,
+        );
+        let reprocessor = Reprocessor::new(
+            store,
+            db,
+            config.reprocess_max_attempts,
+            config.reprocess_backoff,
+        );
+        Ok(Application {
+            listener,
+            state,
+            writer,
+            reprocessor,
+            config,
+        })
+    }
+
+    /// # Errors
+    /// The OS error reading the bound address.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    pub fn state(&self) -> Arc<AppState> {
+        self.state.clone()
+    }
+
+    /// Serves until `shutdown` is cancelled: then /readyz turns 503, the listener closes,
+    /// in-flight requests finish, and the writer drains the journal once more.
+    pub async fn run_until_stopped(self, shutdown: CancellationToken) {
+        let addr = self.local_addr().ok();
+        tracing::info!("listening on {}", addr.map_or("?".into(), |a| a.to_string()));
+        let grace = self.config.shutdown_grace;
+        let background = CancellationToken::new();
+        let writer = tokio::spawn(self.writer.run(background.clone()));
+        let reprocessor = tokio::spawn(self.reprocessor.run(background.clone()));
+        let state = self.state.clone();
+        let draining = {
+            let shutdown = shutdown.clone();
+            let state = state.clone();
+            async move {
+                shutdown.cancelled().await;
+                state.draining.store(true, Ordering::Relaxed);
+            }
+        };
+        tokio::join!(
+            crate::http::serve(self.listener, state, shutdown, grace),
+            draining
+        );
+        // Requests are done: no new winners can appear; let the writer flush what is left.
+        background.cancel();
+        let flushed = tokio::time::timeout(grace, async {
+            let _ = writer.await;
+            let _ = reprocessor.await;
+        })
+        .await;
+        if flushed.is_err() {
+            tracing::warn!("background tasks did not stop within the grace period; the journal keeps what was not written");
+        }
+        tracing::info!("gateway stopped");
+    }
+}

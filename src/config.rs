@@ -1,0 +1,268 @@
+//! Configuration: every variable of API.md, its default, and the checks that run before start.
+//!
+//! Values arrive through clap (flag or environment variable) as raw strings and are validated
+//! here all at once, so an operator sees every mistake in one run instead of one per restart.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+pub const ENV_LISTEN: &str = "DROPGATE_LISTEN";
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+pub const ENV_REDIS_URL: &str = "REDIS_URL";
+pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
+pub const ENV_DATABASE_URL: &str = "DATABASE_URL";
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/dropgate";
+pub const ENV_KEY_PREFIX: &str = "DROPGATE_KEY_PREFIX";
+pub const DEFAULT_KEY_PREFIX: &str = "dg";
+pub const ENV_ADMISSION_SECRET: &str = "DROPGATE_ADMISSION_SECRET";
+pub const ENV_ADMIN_TOKEN: &str = "DROPGATE_ADMIN_TOKEN";
+pub const ENV_REPROCESS_MAX_ATTEMPTS: &str = "DROPGATE_REPROCESS_MAX_ATTEMPTS";
+pub const DEFAULT_REPROCESS_MAX_ATTEMPTS: &str = "5";
+pub const ENV_REPROCESS_BACKOFF_MS: &str = "DROPGATE_REPROCESS_BACKOFF_MS";
+pub const DEFAULT_REPROCESS_BACKOFF_MS: &str = "1000";
+/// How long a journal entry may sit unacknowledged with a consumer before another gateway takes
+/// it over (the consumer is presumed dead).
+pub const ENV_JOURNAL_CLAIM_IDLE_MS: &str = "DROPGATE_JOURNAL_CLAIM_IDLE_MS";
+pub const DEFAULT_JOURNAL_CLAIM_IDLE_MS: &str = "5000";
+/// Upper bound of one Redis decision; past it the outcome is resolved by reading.
+pub const ENV_REDIS_TIMEOUT_MS: &str = "DROPGATE_REDIS_TIMEOUT_MS";
+pub const DEFAULT_REDIS_TIMEOUT_MS: &str = "250";
+/// How long `serve` waits for in-flight requests and the writer's flush after SIGTERM.
+pub const ENV_SHUTDOWN_GRACE_MS: &str = "DROPGATE_SHUTDOWN_GRACE_MS";
+pub const DEFAULT_SHUTDOWN_GRACE_MS: &str = "10000";
+
+/// Backoff never grows past this, whatever the attempt count.
+pub const REPROCESS_BACKOFF_CAP: Duration = Duration::from_secs(60);
+/// Idempotency records and claim records live at least this long (API.md: at least 24 h).
+pub const RECORD_TTL_SECS: u64 = 26 * 3600;
+/// Request bodies larger than this are refused with 413.
+pub const MAX_BODY_BYTES: usize = 16 * 1024;
+/// A client that has not sent its headers within this time is disconnected (slowloris).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Exit status for a configuration error (sysexits EX_USAGE).
+pub const EXIT_CONFIG: i32 = 64;
+
+/// A value that must never reach a log line.
+#[derive(Clone)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+/// The raw values as clap read them from flags and the environment.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RawConfig {
+    #[arg(long, env = ENV_LISTEN, default_value = DEFAULT_LISTEN)]
+    pub listen: String,
+    #[arg(long, env = ENV_REDIS_URL, default_value = DEFAULT_REDIS_URL)]
+    pub redis_url: String,
+    #[arg(long, env = ENV_DATABASE_URL, default_value = DEFAULT_DATABASE_URL)]
+    pub database_url: String,
+    #[arg(long, env = ENV_KEY_PREFIX, default_value = DEFAULT_KEY_PREFIX)]
+    pub key_prefix: String,
+    #[arg(long, env = ENV_ADMISSION_SECRET, hide_env_values = true)]
+    pub admission_secret: Option<String>,
+    #[arg(long, env = ENV_ADMIN_TOKEN, hide_env_values = true)]
+    pub admin_token: Option<String>,
+    #[arg(long, env = ENV_REPROCESS_MAX_ATTEMPTS, default_value = DEFAULT_REPROCESS_MAX_ATTEMPTS)]
+    pub reprocess_max_attempts: String,
+    #[arg(long, env = ENV_REPROCESS_BACKOFF_MS, default_value = DEFAULT_REPROCESS_BACKOFF_MS)]
+    pub reprocess_backoff_ms: String,
+    #[arg(long, env = ENV_JOURNAL_CLAIM_IDLE_MS, default_value = DEFAULT_JOURNAL_CLAIM_IDLE_MS)]
+    pub journal_claim_idle_ms: String,
+    #[arg(long, env = ENV_REDIS_TIMEOUT_MS, default_value = DEFAULT_REDIS_TIMEOUT_MS)]
+    pub redis_timeout_ms: String,
+    #[arg(long, env = ENV_SHUTDOWN_GRACE_MS, default_value = DEFAULT_SHUTDOWN_GRACE_MS)]
+    pub shutdown_grace_ms: String,
+}
+
+impl Default for RawConfig {
+    fn default() -> Self {
+        RawConfig {
+            listen: DEFAULT_LISTEN.into(),
+            redis_url: DEFAULT_REDIS_URL.into(),
+            database_url: DEFAULT_DATABASE_URL.into(),
+            key_prefix: DEFAULT_KEY_PREFIX.into(),
+            admission_secret: None,
+            admin_token: None,
+            reprocess_max_attempts: DEFAULT_REPROCESS_MAX_ATTEMPTS.into(),
+            reprocess_backoff_ms: DEFAULT_REPROCESS_BACKOFF_MS.into(),
+            journal_claim_idle_ms: DEFAULT_JOURNAL_CLAIM_IDLE_MS.into(),
+            redis_timeout_ms: DEFAULT_REDIS_TIMEOUT_MS.into(),
+            shutdown_grace_ms: DEFAULT_SHUTDOWN_GRACE_MS.into(),
+        }
+    }
+}
+
+/// Validated configuration of a gateway.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub redis_url: String,
+    pub database_url: String,
+    pub key_prefix: String,
+    pub admission_secret: Secret,
+    pub admin_token: Option<Secret>,
+    pub reprocess_max_attempts: u32,
+    pub reprocess_backoff: Duration,
+    pub journal_claim_idle: Duration,
+    pub redis_timeout: Duration,
+    pub shutdown_grace: Duration,
+}
+
+/// Every problem found in one pass over the configuration.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration:\n  - {}", .0.join("\n  - "))]
+pub struct ConfigErrors(pub Vec<String>);
+
+impl RawConfig {
+    /// Validates every value and reports all problems at once.
+    ///
+    /// # Errors
+    /// [`ConfigErrors`] listing each invalid or missing value.
+    pub fn validate(&self) -> Result<Config, ConfigErrors> {
+        let mut errors = Vec::new();
+        let listen = parse_listen(&self.listen)
+            .map_err(|e| errors.push(format!("{ENV_LISTEN}={:?}: {e}", self.listen)))
+            .ok();
+        if !self.redis_url.starts_with("redis://") && !self.redis_url.starts_with("rediss://") {
+            errors.push(format!("{ENV_REDIS_URL}: expected a redis:// URL"));
+        }
+        if !self.database_url.starts_with("postgres://")
+            && !self.database_url.starts_with("postgresql://")
+        {
+            errors.push(format!("{ENV_DATABASE_URL}: expected a postgres:// URL"));
+        }
+        let prefix_ok = !self.key_prefix.is_empty()
+            && self.key_prefix.len() <= 64
+            && !self.key_prefix.contains(['{', '}'])
+            && self.key_prefix.chars().all(|c| c.is_ascii_graphic());
+        if !prefix_ok {
+            errors.push(format!(
+                "{ENV_KEY_PREFIX}: 1-64 visible ASCII characters without braces"
+            ));
+        }
+        let secret = match self.admission_secret.as_deref() {
+            Some(s) if s.len() >= 16 => Some(Secret::new(s)),
+            Some(_) => {
+                errors.push(format!(
+                    "{ENV_ADMISSION_SECRET}: at least 16 bytes are required"
+                ));
+                None
+            }
+            None => {
+                errors.push(format!(
+                    "{ENV_ADMISSION_SECRET} is required: the gateway cannot verify buyers without it"
+                ));
+                None
+            }
+        };
+        let admin_token = match self.admin_token.as_deref() {
+            Some(t) if t.len() < 16 => {
+                errors.push(format!("{ENV_ADMIN_TOKEN}: at least 16 bytes are required"));
+                None
+            }
+            Some(t) => Some(Secret::new(t)),
+            None => None,
+        };
+        let mut num = |name: &str, raw: &str, min: u64, max: u64| -> u64 {
+            match raw.parse::<u64>() {
+                Ok(v) if (min..=max).contains(&v) => v,
+                _ => {
+                    errors.push(format!("{name}={raw:?}: expected an integer in {min}..={max}"));
+                    min
+                }
+            }
+        };
+        let max_attempts = num(
+            ENV_REPROCESS_MAX_ATTEMPTS,
+            &self.reprocess_max_attempts,
+            1,
+            100,
+        );
+        let backoff = num(
+            ENV_REPROCESS_BACKOFF_MS,
+            &self.reprocess_backoff_ms,
+            1,
+            3_600_000,
+        );
+        let idle = num(
+            ENV_JOURNAL_CLAIM_IDLE_MS,
+            &self.journal_claim_idle_ms,
+            100,
+            3_600_000,
+        );
+        let redis_timeout = num(ENV_REDIS_TIMEOUT_MS, &self.redis_timeout_ms, 10, 10_000);
+        let grace = num(ENV_SHUTDOWN_GRACE_MS, &self.shutdown_grace_ms, 0, 600_000);
+        match (errors.is_empty(), listen, secret) {
+            (true, Some(listen), Some(admission_secret)) => Ok(Config {
+                listen,
+                redis_url: self.redis_url.clone(),
+                database_url: self.database_url.clone(),
+                key_prefix: self.key_prefix.clone(),
+                admission_secret,
+                admin_token,
+                reprocess_max_attempts: max_attempts as u32,
+                reprocess_backoff: Duration::from_millis(backoff),
+                journal_claim_idle: Duration::from_millis(idle),
+                redis_timeout: Duration::from_millis(redis_timeout),
+                shutdown_grace: Duration::from_millis(grace),
+            }),
+            _ => Err(ConfigErrors(errors)),
+        }
+    }
+}
+
+/// Accepts `host:port` and the API.md shorthand `:port` (all of loopback's port).
+fn parse_listen(raw: &str) -> Result<SocketAddr, String> {
+    let full = if raw.starts_with(':') {
+        format!("127.0.0.1{raw}")
+    } else {
+        raw.to_string()
+    };
+    full.parse::<SocketAddr>().map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_is_reported_at_once() {
+        let raw = RawConfig {
+            listen: "nonsense".into(),
+            key_prefix: "{bad}".into(),
+            reprocess_max_attempts: "zero".into(),
+            ..RawConfig::default()
+        };
+        let err = raw.validate().unwrap_err();
+        assert_eq!(err.0.len(), 4, "{err}");
+        assert!(err.to_string().contains(ENV_ADMISSION_SECRET));
+    }
+
+    #[test]
+    fn port_shorthand_binds_loopback() {
+        assert_eq!(
+            parse_listen(":0").unwrap(),
+            "127.0.0.1:0".parse::<SocketAddr>().unwrap()
+        );
+    }
+
+    #[test]
+    fn secrets_never_print() {
+        assert_eq!(format!("{:?}", Secret::new("hunter2")), "Secret(***)");
+    }
+}

@@ -1,0 +1,73 @@
+//! The HTTP front end: hyper 1.x, HTTP/1.1, one task per connection.
+//!
+//! hyper has no server loop of its own: this module accepts, wraps each stream in `TokioIo`,
+//! and serves it with a builder whose timer is set, without which the header-read timeout
+//! (the slowloris guard) silently does nothing.
+
+mod problem;
+mod routes;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use problem::{ApiError, Body};
+
+use crate::app::AppState;
+use crate::config::HEADER_READ_TIMEOUT;
+
+/// Serves `listener` until `shutdown`, then stops accepting and lets in-flight requests finish
+/// for at most `grace`.
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    shutdown: CancellationToken,
+    grace: Duration,
+) {
+    let graceful = GracefulShutdown::new();
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .keep_alive(true);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        // Out of file descriptors and the like: pause instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let state = state.clone();
+                let svc = service_fn(move |req| {
+                    let state = state.clone();
+                    async move { Ok::<_, Infallible>(routes::handle(&state, req).await) }
+                });
+                let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), svc));
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                });
+            }
+            _ = shutdown.cancelled() => break,
+        }
+    }
+    drop(listener);
+    tokio::select! {
+        _ = graceful.shutdown() => tracing::info!("all connections closed"),
+        _ = tokio::time::sleep(grace) => tracing::warn!(?grace, "connections still open after the grace period; closing"),
+    }
+}

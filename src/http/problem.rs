@@ -1,0 +1,165 @@
+//! The one place that turns failures and refusals into HTTP: RFC 9457 problem+json with the
+//! `code` of API.md. 5xx bodies are opaque; the cause goes to the log.
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use hyper::{Response, StatusCode};
+use serde::Serialize;
+
+use crate::error::{DbError, StoreError};
+use crate::inventory::{InventoryError, Refusal};
+
+pub type Body = Full<Bytes>;
+
+/// Every refusal the gateway answers.
+#[derive(Debug)]
+pub enum ApiError {
+    BadRequest(String),
+    Unauthorized,
+    NotFound,
+    UnknownSku,
+    UnknownClaim,
+    MethodNotAllowed(&'static str),
+    PayloadTooLarge,
+    SoldOut,
+    LimitReached,
+    KeyReused,
+    SkuExists,
+    InsufficientStock,
+    StatePresent,
+    /// Redis could not decide (or lost the SKU): fail closed.
+    Unavailable(StoreError),
+    /// PostgreSQL could not answer an admin or lookup request.
+    Database(DbError),
+}
+
+#[derive(Serialize)]
+struct Problem<'a> {
+    #[serde(rename = "type")]
+    kind: String,
+    title: &'a str,
+    status: u16,
+    code: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    detail: Option<String>,
+}
+
+impl ApiError {
+    fn parts(&self) -> (StatusCode, &'static str, &'static str) {
+        use ApiError::*;
+        match self {
+            BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request", "Bad request"),
+            Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized"),
+            NotFound => (StatusCode::NOT_FOUND, "not_found", "Not found"),
+            UnknownSku => (StatusCode::NOT_FOUND, "unknown_sku", "Unknown SKU"),
+            UnknownClaim => (StatusCode::NOT_FOUND, "unknown_claim", "Unknown claim"),
+            MethodNotAllowed(_) => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "Method not allowed",
+            ),
+            PayloadTooLarge => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                "Payload too large",
+            ),
+            SoldOut => (StatusCode::CONFLICT, "sold_out", "Sold out"),
+            LimitReached => (StatusCode::CONFLICT, "limit_reached", "Per-user limit reached"),
+            KeyReused => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "idempotency_key_reused",
+                "Idempotency key reused with another request",
+            ),
+            SkuExists => (StatusCode::CONFLICT, "sku_exists", "SKU exists with another total"),
+            InsufficientStock => (
+                StatusCode::CONFLICT,
+                "insufficient_stock",
+                "Remaining stock would go below 0",
+            ),
+            StatePresent => (
+                StatusCode::CONFLICT,
+                "state_present",
+                "Redis still holds this SKU's state",
+            ),
+            Unavailable(_) | Database(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "Temporarily unavailable",
+            ),
+        }
+    }
+
+    pub fn into_response(self) -> Response<Body> {
+        let (status, code, title) = self.parts();
+        let detail = match &self {
+            ApiError::BadRequest(d) => Some(d.clone()),
+            ApiError::MethodNotAllowed(allow) => Some(format!("allowed: {allow}")),
+            ApiError::SkuExists => Some("declare with the same total, or use restock".into()),
+            ApiError::Unavailable(StoreError::SkuLost) => {
+                Some("the SKU's stock is not available; retry later".into())
+            }
+            ApiError::Unavailable(e) => {
+                tracing::warn!(error = %e, "answering 503: redis could not decide");
+                None
+            }
+            ApiError::Database(e) => {
+                tracing::warn!(error = %e, "answering 503: postgres could not answer");
+                None
+            }
+            _ => None,
+        };
+        let body = Problem {
+            kind: format!("/problems/{}", code.replace('_', "-")),
+            title,
+            status: status.as_u16(),
+            code,
+            detail,
+        };
+        let bytes = serde_json::to_vec(&body).unwrap_or_default();
+        let mut resp = Response::new(Full::new(Bytes::from(bytes)));
+        *resp.status_mut() = status;
+        let h = resp.headers_mut();
+        h.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
+            h.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if let ApiError::MethodNotAllowed(allow) = self {
+            h.insert(hyper::header::ALLOW, HeaderValue::from_static(allow));
+        }
+        resp
+    }
+
+    /// The metric label of a refused claim.
+    pub fn code(&self) -> &'static str {
+        self.parts().1
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        ApiError::Unavailable(e)
+    }
+}
+
+impl From<DbError> for ApiError {
+    fn from(e: DbError) -> Self {
+        ApiError::Database(e)
+    }
+}
+
+impl From<InventoryError> for ApiError {
+    fn from(e: InventoryError) -> Self {
+        match e {
+            InventoryError::Refused(Refusal::UnknownSku) => ApiError::UnknownSku,
+            InventoryError::Refused(Refusal::SkuExists) => ApiError::SkuExists,
+            InventoryError::Refused(Refusal::InsufficientStock) => ApiError::InsufficientStock,
+            InventoryError::Refused(Refusal::StatePresent) => ApiError::StatePresent,
+            InventoryError::Store(e) => ApiError::Unavailable(e),
+            InventoryError::Db(e) => ApiError::Database(e),
+        }
+    }
+}

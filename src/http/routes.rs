@@ -1,0 +1,349 @@
+//! Routing and handlers. Each handler validates everything before it touches a store, so bad
+//! input changes nothing.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, LOCATION};
+use hyper::{Method, Request, Response, StatusCode};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::problem::{ApiError, Body};
+use crate::app::AppState;
+use crate::catalog::valid_sku_id;
+use crate::claims::{Outcome, WonClaim};
+use crate::config::MAX_BODY_BYTES;
+use crate::{inventory, ledger, metrics as m};
+
+type Result<T> = std::result::Result<T, ApiError>;
+
+pub async fn handle(state: &AppState, req: Request<Incoming>) -> Response<Body> {
+    match route(state, req).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn route(state: &AppState, req: Request<Incoming>) -> Result<Response<Body>> {
+    let path = req.uri().path().to_string();
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let method = req.method().clone();
+    match (segments.as_slice(), &method) {
+        (["v1", "skus", sku, "claims"], &Method::POST) => claim(state, sku, req).await,
+        (["v1", "skus", _, "claims"], _) => Err(ApiError::MethodNotAllowed("POST")),
+        (["v1", "claims", id], &Method::GET) => get_claim(state, id, &req).await,
+        (["v1", "claims", _], _) => Err(ApiError::MethodNotAllowed("GET")),
+        (["admin", "skus", sku], &Method::PUT) => declare(state, sku, req).await,
+        (["admin", "skus", sku], &Method::GET) => sku_view(state, sku, &req).await,
+        (["admin", "skus", _], _) => Err(ApiError::MethodNotAllowed("GET, PUT")),
+        (["admin", "skus", sku, "restock"], &Method::POST) => restock(state, sku, req).await,
+        (["admin", "skus", sku, "restore"], &Method::POST) => restore(state, sku, &req).await,
+        (["admin", "skus", _, "restock" | "restore"], _) => {
+            Err(ApiError::MethodNotAllowed("POST"))
+        }
+        (["healthz"], &Method::GET) => Ok(json(StatusCode::OK, &Status { status: "ok" })),
+        (["readyz"], &Method::GET) => Ok(readyz(state).await),
+        (["metrics"], &Method::GET) => Ok(metrics(state)),
+        (["healthz" | "readyz" | "metrics"], _) => Err(ApiError::MethodNotAllowed("GET")),
+        _ => Err(ApiError::NotFound),
+    }
+}
+
+// === claims ===
+
+#[derive(Deserialize)]
+struct ClaimBody {
+    quantity: Option<i64>,
+}
+
+#[derive(Serialize)]
+struct ClaimResponse<'a> {
+    claim_id: Uuid,
+    sku: &'a str,
+    user: &'a str,
+    quantity: u32,
+    status: &'static str,
+    expires_at: Option<String>,
+    remaining: i64,
+}
+
+async fn claim(state: &AppState, sku: &str, req: Request<Incoming>) -> Result<Response<Body>> {
+    let user = state
+        .verifier
+        .buyer(header(&req, AUTHORIZATION.as_str()), Some(sku))
+        .map_err(|_| ApiError::Unauthorized)?;
+    check_sku(sku)?;
+    let idempotency_key = match header(&req, "idempotency-key") {
+        None => None,
+        Some(k) if (1..=255).contains(&k.len()) && k.bytes().all(|b| b.is_ascii_graphic()) => {
+            Some(k.to_string())
+        }
+        Some(_) => {
+            return Err(ApiError::BadRequest(
+                "Idempotency-Key must be 1-255 visible ASCII characters".into(),
+            ))
+        }
+    };
+    let body = read_body(req).await?;
+    let quantity = if body.iter().all(u8::is_ascii_whitespace) {
+        1
+    } else {
+        parse::<ClaimBody>(&body)?.quantity.unwrap_or(1)
+    };
+    let entry = state
+        .catalog
+        .get(sku)
+        .await?
+        .ok_or(ApiError::UnknownSku)?;
+    if quantity < 1 || quantity > i64::from(entry.per_user_limit) {
+        return Err(ApiError::BadRequest(format!(
+            "quantity must be between 1 and {} (the per-user limit)",
+            entry.per_user_limit
+        )));
+    }
+    let outcome = state
+        .claims
+        .claim(sku, user.clone(), quantity as u32, idempotency_key)
+        .await
+        .inspect_err(|_| m::claim_failed("unavailable"))?;
+    let (won, replayed) = match outcome {
+        Outcome::Won(w) => (w, false),
+        Outcome::Replayed(w) => (w, true),
+        Outcome::SoldOut => return Err(ApiError::SoldOut),
+        Outcome::LimitReached => return Err(ApiError::LimitReached),
+        Outcome::KeyReused => return Err(ApiError::KeyReused),
+    };
+    Ok(won_response(sku, &user, &won, replayed))
+}
+
+fn won_response(sku: &str, user: &str, won: &WonClaim, replayed: bool) -> Response<Body> {
+    let mut resp = json(
+        StatusCode::CREATED,
+        &ClaimResponse {
+            claim_id: won.claim_id,
+            sku,
+            user,
+            quantity: won.quantity,
+            status: "issued",
+            expires_at: None,
+            remaining: won.remaining,
+        },
+    );
+    let h = resp.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&format!("/v1/claims/{}", won.claim_id)) {
+        h.insert(LOCATION, v);
+    }
+    if replayed {
+        h.insert("idempotency-replayed", HeaderValue::from_static("true"));
+    }
+    resp
+}
+
+async fn get_claim(state: &AppState, id: &str, req: &Request<Incoming>) -> Result<Response<Body>> {
+    let auth = header(req, AUTHORIZATION.as_str());
+    let admin = state.verifier.is_admin(auth);
+    let user = if admin {
+        None
+    } else {
+        Some(
+            state
+                .verifier
+                .buyer(auth, None)
+                .map_err(|_| ApiError::Unauthorized)?,
+        )
+    };
+    let id = Uuid::parse_str(id).map_err(|_| ApiError::UnknownClaim)?;
+    let claim = ledger::find_claim(state.catalog.db(), id)
+        .await?
+        .ok_or(ApiError::UnknownClaim)?;
+    // Someone else's claim is indistinguishable from a missing one.
+    if user.is_some_and(|u| u != claim.user) {
+        return Err(ApiError::UnknownClaim);
+    }
+    Ok(json(StatusCode::OK, &claim))
+}
+
+// === admin ===
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeclareBody {
+    total: i64,
+    per_user_limit: Option<i64>,
+    hold_seconds: Option<i64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RestockBody {
+    delta: i64,
+}
+
+/// Largest total or delta accepted: far above any drop, far below overflow in Lua's doubles.
+const MAX_UNITS: i64 = 1_000_000_000_000;
+
+async fn declare(state: &AppState, sku: &str, req: Request<Incoming>) -> Result<Response<Body>> {
+    admin(state, &req)?;
+    check_sku(sku)?;
+    let body: DeclareBody = parse(&read_body(req).await?)?;
+    let limit = body.per_user_limit.unwrap_or(1);
+    let hold = body.hold_seconds.unwrap_or(0);
+    if !(0..=MAX_UNITS).contains(&body.total) {
+        return Err(ApiError::BadRequest(format!("total must be in 0..={MAX_UNITS}")));
+    }
+    if !(1..=1_000_000).contains(&limit) {
+        return Err(ApiError::BadRequest("per_user_limit must be in 1..=1000000".into()));
+    }
+    if hold != 0 {
+        return Err(ApiError::BadRequest(
+            "holds (hold_seconds > 0) are not supported by this version".into(),
+        ));
+    }
+    let d = inventory::declare(
+        &state.store,
+        &state.catalog,
+        sku,
+        body.total,
+        limit as i32,
+        hold as i32,
+    )
+    .await?;
+    let status = if d.created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok(json(status, &d.view))
+}
+
+async fn sku_view(state: &AppState, sku: &str, req: &Request<Incoming>) -> Result<Response<Body>> {
+    admin(state, req)?;
+    check_sku(sku)?;
+    let v = inventory::view(&state.store, &state.catalog, sku).await?;
+    Ok(json(StatusCode::OK, &v))
+}
+
+async fn restock(state: &AppState, sku: &str, req: Request<Incoming>) -> Result<Response<Body>> {
+    admin(state, &req)?;
+    check_sku(sku)?;
+    let body: RestockBody = parse(&read_body(req).await?)?;
+    if body.delta.abs() > MAX_UNITS {
+        return Err(ApiError::BadRequest(format!("|delta| must be at most {MAX_UNITS}")));
+    }
+    let v = inventory::restock(&state.store, &state.catalog, sku, body.delta).await?;
+    Ok(json(StatusCode::OK, &v))
+}
+
+async fn restore(state: &AppState, sku: &str, req: &Request<Incoming>) -> Result<Response<Body>> {
+    admin(state, req)?;
+    check_sku(sku)?;
+    let force = match req.uri().query() {
+        None | Some("") | Some("force=false") => false,
+        Some("force=true") => true,
+        Some(_) => return Err(ApiError::BadRequest("the only parameter is force=true".into())),
+    };
+    let v = inventory::restore(&state.store, &state.catalog, sku, force).await?;
+    Ok(json(StatusCode::OK, &v))
+}
+
+// === operations ===
+
+#[derive(Serialize)]
+struct Status {
+    status: &'static str,
+}
+
+#[derive(Serialize)]
+struct Readiness {
+    redis: &'static str,
+    postgres: &'static str,
+    draining: bool,
+}
+
+async fn readyz(state: &AppState) -> Response<Body> {
+    let (redis, pg) = tokio::join!(state.store.ping(), async {
+        sqlx::query("SELECT 1")
+            .execute(state.catalog.db())
+            .await
+            .map(|_| ())
+    });
+    let draining = state.is_draining();
+    let ok = redis.is_ok() && pg.is_ok() && !draining;
+    let body = Readiness {
+        redis: if redis.is_ok() { "ok" } else { "unreachable" },
+        postgres: if pg.is_ok() { "ok" } else { "unreachable" },
+        draining,
+    };
+    let status = if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let mut resp = json(status, &body);
+    if !ok {
+        resp.headers_mut()
+            .insert(hyper::header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    resp
+}
+
+fn metrics(state: &AppState) -> Response<Body> {
+    let mut resp = Response::new(Full::new(Bytes::from(state.metrics.render())));
+    resp.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    resp
+}
+
+// === helpers ===
+
+fn admin(state: &AppState, req: &Request<Incoming>) -> Result<()> {
+    if state.verifier.is_admin(header(req, AUTHORIZATION.as_str())) {
+        Ok(())
+    } else {
+        Err(ApiError::Unauthorized)
+    }
+}
+
+fn check_sku(sku: &str) -> Result<()> {
+    if valid_sku_id(sku) {
+        Ok(())
+    } else {
+        Err(ApiError::BadRequest(
+            "a SKU id matches ^[A-Za-z0-9._-]{1,64}$".into(),
+        ))
+    }
+}
+
+fn header<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
+    req.headers().get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Reads the body, refusing more than 16 KiB before reading it when the length is declared.
+async fn read_body(req: Request<Incoming>) -> Result<Bytes> {
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return Err(ApiError::PayloadTooLarge);
+    }
+    match Limited::new(req.into_body(), MAX_BODY_BYTES).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::PayloadTooLarge),
+        Err(_) => Err(ApiError::BadRequest("could not read the request body".into())),
+    }
+}
+
+fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T> {
+    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))
+}
+
+fn json<T: Serialize>(status: StatusCode, body: &T) -> Response<Body> {
+    let bytes = serde_json::to_vec(body).unwrap_or_default();
+    let mut resp = Response::new(Full::new(Bytes::from(bytes)));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}

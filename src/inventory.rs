@@ -1,0 +1,380 @@
+//! Operator actions on a SKU (declare, restock, restore) and its accounting view.
+//!
+//! Each action keeps PostgreSQL (the catalog and the ledger) and Redis (the stock) in step:
+//! PostgreSQL holds the row lock while Redis applies its atomic part, and commits only after
+//! Redis accepted.
+
+use redis::AsyncCommands;
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::catalog::{self, Catalog, Sku};
+use crate::config::RECORD_TTL_SECS;
+use crate::error::{DbError, StoreError};
+use crate::scripts::{self, Declared, SCRIPTS};
+use crate::store::Store;
+
+/// An operator request refused for a business reason (409/404), not a fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    UnknownSku,
+    /// Declared again with another total.
+    SkuExists,
+    /// The delta would take the remaining stock below 0.
+    InsufficientStock,
+    /// Restore asked while Redis still holds the SKU's state.
+    StatePresent,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryError {
+    #[error("refused: {0:?}")]
+    Refused(Refusal),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+impl From<sqlx::Error> for InventoryError {
+    fn from(e: sqlx::Error) -> Self {
+        InventoryError::Db(DbError::from(e))
+    }
+}
+
+/// The SKU view of API.md.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct SkuView {
+    pub sku: String,
+    pub total: i64,
+    pub per_user_limit: i32,
+    pub hold_seconds: i32,
+    /// Redis stock; `None` when Redis is unreachable or lost the SKU.
+    pub remaining: Option<i64>,
+    pub recorded: i64,
+    /// Units decided by Redis and not yet written; `None` when Redis cannot tell.
+    pub in_flight: Option<i64>,
+    pub pending: i64,
+    pub compensated: i64,
+    pub consistent: bool,
+}
+
+/// Ledger sums of one SKU, in units.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, sqlx::FromRow)]
+pub struct LedgerSums {
+    pub recorded: i64,
+    pub pending: i64,
+    pub compensated: i64,
+}
+
+/// The result of a declare: whether the SKU is new (201) or already existed (200).
+pub struct Declaration {
+    pub created: bool,
+    pub view: SkuView,
+}
+
+/// Declares a SKU, seeding its stock in Redis only if absent.
+///
+/// # Errors
+/// [`Refusal::SkuExists`] for another total; infrastructure errors otherwise.
+pub async fn declare(
+    store: &Store,
+    catalog: &Catalog,
+    sku: &str,
+    total: i64,
+    per_user_limit: i32,
+    hold_seconds: i32,
+) -> Result<Declaration, InventoryError> {
+    let db = catalog.db();
+    let inserted = sqlx::query(
+        "INSERT INTO skus (sku, total, per_user_limit, hold_seconds) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (sku) DO NOTHING",
+    )
+    .bind(sku)
+    .bind(total)
+    .bind(per_user_limit)
+    .bind(hold_seconds)
+    .execute(db)
+    .await?
+    .rows_affected()
+        == 1;
+    let row = if inserted {
+        None
+    } else {
+        let row = catalog::fetch(db, sku)
+            .await?
+            .ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
+        if row.total != total {
+            return Err(InventoryError::Refused(Refusal::SkuExists));
+        }
+        sqlx::query(
+            "UPDATE skus SET per_user_limit = $2, hold_seconds = $3, updated_at = now()
+             WHERE sku = $1",
+        )
+        .bind(sku)
+        .bind(per_user_limit)
+        .bind(hold_seconds)
+        .execute(db)
+        .await?;
+        Some(row)
+    };
+    // Seed only while the catalog has never seen Redis confirm the stock: a declare after a
+    // lost Redis must not re-sell what was sold (that is restore's job, from the ledger).
+    let seed = row.as_ref().is_none_or(|r| !r.seeded);
+    let keys = store.keys(sku);
+    let mut con = store.hot();
+    let declared = store
+        .bounded(scripts::declare_sku(
+            &mut con,
+            &keys,
+            seed,
+            total,
+            per_user_limit,
+        ))
+        .await?;
+    if declared != Declared::Lost && seed {
+        sqlx::query("UPDATE skus SET seeded = true WHERE sku = $1")
+            .bind(sku)
+            .execute(db)
+            .await?;
+    }
+    catalog.load(sku).await?;
+    Ok(Declaration {
+        created: inserted,
+        view: view(store, catalog, sku).await?,
+    })
+}
+
+/// Adds `delta` to the total and to the remaining stock, as one step on both stores.
+///
+/// # Errors
+/// [`Refusal::UnknownSku`], [`Refusal::InsufficientStock`], or infrastructure errors.
+pub async fn restock(
+    store: &Store,
+    catalog: &Catalog,
+    sku: &str,
+    delta: i64,
+) -> Result<SkuView, InventoryError> {
+    let mut tx = catalog.db().begin().await?;
+    let total: Option<i64> = sqlx::query_scalar("SELECT total FROM skus WHERE sku = $1 FOR UPDATE")
+        .bind(sku)
+        .fetch_optional(&mut *tx)
+        .await?;
+    let total = total.ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
+    if total + delta < 0 {
+        return Err(InventoryError::Refused(Refusal::InsufficientStock));
+    }
+    let keys = store.keys(sku);
+    let mut con = store.hot();
+    if store
+        .bounded(scripts::restock(&mut con, &keys, delta))
+        .await?
+        .is_err()
+    {
+        return Err(InventoryError::Refused(Refusal::InsufficientStock));
+    }
+    let committed = async {
+        sqlx::query("UPDATE skus SET total = total + $2, updated_at = now() WHERE sku = $1")
+            .bind(sku)
+            .bind(delta)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await
+    }
+    .await;
+    if let Err(e) = committed {
+        // Redis moved and PostgreSQL did not: move Redis back so the two agree again.
+        if let Err(undo) = store
+            .bounded(scripts::restock(&mut con, &keys, -delta))
+            .await
+        {
+            tracing::error!(sku, delta, error = %undo, "restock could not be undone in Redis; run reconcile");
+        }
+        return Err(e.into());
+    }
+    catalog.load(sku).await?;
+    view(store, catalog, sku).await
+}
+
+/// Rebuilds the SKU's Redis state from the ledger.
+///
+/// # Errors
+/// [`Refusal::StatePresent`] when Redis holds the SKU and `force` is off, or infrastructure
+/// errors.
+pub async fn restore(
+    store: &Store,
+    catalog: &Catalog,
+    sku: &str,
+    force: bool,
+) -> Result<SkuView, InventoryError> {
+    let db = catalog.db();
+    let mut tx = db.begin().await?;
+    // One restore per SKU at a time, across gateways.
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('dropgate.restore.' || $1))")
+        .bind(sku)
+        .execute(&mut *tx)
+        .await?;
+    let row: Sku = sqlx::query_as(
+        "SELECT sku, total, per_user_limit, hold_seconds, seeded FROM skus WHERE sku = $1",
+    )
+    .bind(sku)
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
+    let keys = store.keys(sku);
+    let mut con = store.hot();
+    let present: bool = store
+        .bounded(async { Ok(con.exists::<_, bool>(keys.state()).await?) })
+        .await?;
+    if present && !force {
+        return Err(InventoryError::Refused(Refusal::StatePresent));
+    }
+    let live = live_claims(&mut tx, sku).await?;
+    // Idempotency records first: the state hash appears last, so no claim is decided before a
+    // retry of a live claim would replay.
+    let mut pipe = redis::pipe();
+    let mut held: std::collections::BTreeMap<&str, i64> = Default::default();
+    let mut units = 0i64;
+    for c in &live {
+        units += c.quantity;
+        *held.entry(c.user_id.as_str()).or_default() += c.quantity;
+        if let Some(k) = &c.idempotency_key {
+            let record = format!(
+                "{}|{}|{}|{}",
+                c.claim_id,
+                c.quantity,
+                c.remaining_after.unwrap_or(0),
+                c.created_at.timestamp_millis()
+            );
+            pipe.set_ex(keys.idempotency(&c.user_id, k), record, RECORD_TTL_SECS)
+                .ignore();
+        }
+    }
+    if !live.is_empty() {
+        store
+            .bounded(async { Ok(pipe.query_async::<()>(&mut con).await?) })
+            .await?;
+    }
+    let mut inv = SCRIPTS.restore_sku.prepare_invoke();
+    inv.key(keys.state())
+        .key(keys.users())
+        .key(keys.journal())
+        .arg(if force { "1" } else { "0" })
+        .arg(row.total - units)
+        .arg(row.per_user_limit);
+    for (user, n) in &held {
+        inv.arg(*user).arg(*n);
+    }
+    let (applied, _, _): (i64, i64, i64) = store
+        .bounded(async { Ok(inv.invoke_async(&mut con).await?) })
+        .await?;
+    if applied != 1 {
+        return Err(InventoryError::Refused(Refusal::StatePresent));
+    }
+    sqlx::query("UPDATE skus SET seeded = true WHERE sku = $1")
+        .bind(sku)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    tracing::info!(sku, units, users = held.len(), force, "restored the SKU's Redis state from the ledger");
+    view(store, catalog, sku).await
+}
+
+#[derive(sqlx::FromRow)]
+struct LiveClaim {
+    claim_id: uuid::Uuid,
+    user_id: String,
+    quantity: i64,
+    idempotency_key: Option<String>,
+    remaining_after: Option<i64>,
+    created_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// Claims that hold units: written and live, or refused and not yet compensated.
+async fn live_claims(
+    tx: &mut sqlx::PgConnection,
+    sku: &str,
+) -> Result<Vec<LiveClaim>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT claim_id, user_id, quantity::bigint AS quantity, idempotency_key, remaining_after, created_at
+           FROM issuances WHERE sku = $1 AND status IN ('issued', 'held', 'confirmed')
+         UNION ALL
+         SELECT claim_id, user_id, quantity::bigint, idempotency_key, remaining_after, created_at
+           FROM persistence_pending WHERE sku = $1 AND status IN ('pending', 'reprocessing')",
+    )
+    .bind(sku)
+    .fetch_all(tx)
+    .await
+}
+
+/// Units by state in the ledger.
+///
+/// # Errors
+/// The database error.
+pub async fn ledger_sums(db: &PgPool, sku: &str) -> Result<LedgerSums, DbError> {
+    Ok(sqlx::query_as(
+        "SELECT
+           (SELECT COALESCE(SUM(quantity), 0)::bigint FROM issuances
+             WHERE sku = $1 AND status IN ('issued', 'held', 'confirmed')) AS recorded,
+           (SELECT COALESCE(SUM(quantity), 0)::bigint FROM persistence_pending
+             WHERE sku = $1 AND status IN ('pending', 'reprocessing')) AS pending,
+           (SELECT COALESCE(SUM(quantity), 0)::bigint FROM persistence_pending
+             WHERE sku = $1 AND status = 'compensated') AS compensated",
+    )
+    .bind(sku)
+    .fetch_one(db)
+    .await?)
+}
+
+/// The SKU view. Redis and PostgreSQL are read one after the other while claims go on, so a
+/// snapshot can straddle a write; up to a few snapshots are taken until one balances.
+///
+/// # Errors
+/// [`Refusal::UnknownSku`] or the database error. An unreachable Redis is not an error here:
+/// `remaining` is then `None` and the view is not consistent.
+pub async fn view(store: &Store, catalog: &Catalog, sku: &str) -> Result<SkuView, InventoryError> {
+    let db = catalog.db();
+    let row = catalog::fetch(db, sku)
+        .await?
+        .ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
+    let keys = store.keys(sku);
+    let mut last = None;
+    for _ in 0..5 {
+        let mut con = store.hot();
+        let redis_side: Option<(Option<i64>, Option<i64>)> = store
+            .bounded(async {
+                Ok(redis::cmd("HMGET")
+                    .arg(keys.state())
+                    .arg("stock")
+                    .arg("inflight")
+                    .query_async(&mut con)
+                    .await?)
+            })
+            .await
+            .ok();
+        let (remaining, in_flight) = redis_side.unwrap_or((None, None));
+        let sums = ledger_sums(db, sku).await?;
+        let consistent = match (remaining, in_flight) {
+            (Some(r), Some(f)) => row.total == r + sums.recorded + f + sums.pending,
+            _ => false,
+        };
+        let v = SkuView {
+            sku: row.sku.clone(),
+            total: row.total,
+            per_user_limit: row.per_user_limit,
+            hold_seconds: row.hold_seconds,
+            remaining,
+            recorded: sums.recorded,
+            in_flight,
+            pending: sums.pending,
+            compensated: sums.compensated,
+            consistent,
+        };
+        if consistent || remaining.is_none() {
+            return Ok(v);
+        }
+        last = Some(v);
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    Ok(last.expect("the loop ran at least once"))
+}

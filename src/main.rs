@@ -1,0 +1,68 @@
+//! The `dropgate` binary: parse the command line, set up logging, run the subcommand.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use dropgate::cli::{Cli, Command};
+use dropgate::config::{Secret, EXIT_CONFIG};
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let json = std::env::var("DROPGATE_LOG_JSON").is_ok_and(|v| v == "1");
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let subscriber = tracing_subscriber::fmt().with_env_filter(filter);
+    if json {
+        subscriber.json().init();
+    } else {
+        subscriber.init();
+    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match cli.command {
+        Command::Token(t) => {
+            match dropgate::auth::mint(&Secret::new(t.admission_secret), &t.user, t.sku.as_deref(), t.ttl) {
+                Ok(token) => {
+                    println!("{token}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("cannot mint a token: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Serve(raw) => match raw.validate() {
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::from(EXIT_CONFIG as u8)
+            }
+            Ok(config) => report(runtime.block_on(dropgate::cli::serve(config))),
+        },
+        Command::Demo(args) => report(runtime.block_on(dropgate::demo::run(args))),
+        Command::Reconcile(args) => match runtime.block_on(dropgate::cli::reconcile(args)) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(1),
+            Err(e) => {
+                eprintln!("reconcile failed: {e:#}");
+                ExitCode::from(2)
+            }
+        },
+    }
+}
+
+fn report(r: anyhow::Result<()>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
