@@ -20,6 +20,8 @@ use crate::store::Store;
 
 /// Most claims decided by one script call; bounds the script's run time inside Redis.
 pub const MAX_BATCH: usize = 128;
+/// Reads of a timed-out claim's record before its outcome is reported unknown (503).
+const RESOLVE_ATTEMPTS: usize = 4;
 
 /// What the gateway answers for a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,22 +183,30 @@ impl ClaimService {
     }
 
     /// Settles a claim whose call timed out, by reading its record (and fencing it when it
-    /// did not win), never by sending it again.
+    /// did not win), never by sending it again. The read is retried a few times: a read that
+    /// fails leaves the outcome unknown, and every answer that settles it saves a 503.
     async fn resolve(&self, sku: &str, claim_id: &Uuid) -> Result<Decision, StoreError> {
         let keys = self.store.keys(sku);
         let mut con = self.store.hot();
         m::uncertain_outcome();
-        match self
-            .store
-            .bounded(scripts::resolve_claim(&mut con, &keys, claim_id))
-            .await?
-        {
-            Some(rec) => Ok(Decision::Won {
-                remaining: rec.remaining,
-            }),
-            // Fenced: the claim did not and now cannot win. 503, nothing moved.
-            None => Err(StoreError::Timeout),
+        let mut last = StoreError::Timeout;
+        for _ in 0..RESOLVE_ATTEMPTS {
+            match self
+                .store
+                .bounded(scripts::resolve_claim(&mut con, &keys, claim_id))
+                .await
+            {
+                Ok(Some(rec)) => {
+                    return Ok(Decision::Won {
+                        remaining: rec.remaining,
+                    })
+                }
+                // Fenced: the claim did not and now cannot win. 503, nothing moved.
+                Ok(None) => return Err(StoreError::Timeout),
+                Err(e) => last = e,
+            }
         }
+        Err(last)
     }
 }
 

@@ -19,6 +19,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use problem::{ApiError, Body};
+pub use routes::claim_quantity;
 
 use crate::app::AppState;
 use crate::config::HEADER_READ_TIMEOUT;

@@ -86,12 +86,7 @@ async fn claim(state: &AppState, sku: &str, req: Request<Incoming>) -> Result<Re
             ))
         }
     };
-    let body = read_body(req).await?;
-    let quantity = if body.iter().all(u8::is_ascii_whitespace) {
-        1
-    } else {
-        parse::<ClaimBody>(&body)?.quantity.unwrap_or(1)
-    };
+    let quantity = claim_quantity(&read_body(req).await?)?;
     let entry = state
         .catalog
         .get(sku)
@@ -116,6 +111,18 @@ async fn claim(state: &AppState, sku: &str, req: Request<Incoming>) -> Result<Re
         Outcome::KeyReused => return Err(ApiError::KeyReused),
     };
     Ok(won_response(sku, &user, &won, replayed))
+}
+
+/// Decodes a claim body: empty means one unit. The range check against the SKU's limit comes
+/// after the catalog lookup.
+///
+/// # Errors
+/// [`ApiError::BadRequest`] for anything but `{"quantity": <integer>}` (or an empty body).
+pub fn claim_quantity(body: &[u8]) -> Result<i64> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(1);
+    }
+    Ok(parse::<ClaimBody>(body)?.quantity.unwrap_or(1))
 }
 
 fn won_response(sku: &str, user: &str, won: &WonClaim, replayed: bool) -> Response<Body> {
