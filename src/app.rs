@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Verifier;
@@ -16,7 +15,7 @@ use crate::claims::ClaimService;
 use crate::config::Config;
 use crate::reprocess::Reprocessor;
 use crate::store::Store;
-use crate::writer::Writer;
+use crate::writer::{Writer, WriterSignal};
 
 /// Everything a request handler needs, shared by all connections.
 pub struct AppState {
@@ -61,7 +60,7 @@ impl Application {
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("binding {}", config.listen))?;
-        let wake = Arc::new(Notify::new());
+        let wake = Arc::new(WriterSignal::default());
         let coalesce = std::env::var("DROPGATE_COALESCE").map_or(true, |v| v != "0");
         let state = Arc::new(AppState {
             catalog: Catalog::new(db.clone()),
@@ -107,7 +106,10 @@ impl Application {
     /// in-flight requests finish, and the writer drains the journal once more.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) {
         let addr = self.local_addr().ok();
-        tracing::info!("listening on {}", addr.map_or("?".into(), |a| a.to_string()));
+        tracing::info!(
+            "listening on {}",
+            addr.map_or("?".into(), |a| a.to_string())
+        );
         let grace = self.config.shutdown_grace;
         let background = CancellationToken::new();
         let writer = tokio::spawn(self.writer.run(background.clone()));

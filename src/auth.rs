@@ -122,10 +122,7 @@ mod tests {
         let t = mint(&secret(), "u-1", Some("drop-1"), 60).unwrap();
         let h = format!("Bearer {t}");
         assert_eq!(v.buyer(Some(&h), Some("drop-1")).unwrap(), "u-1");
-        assert_eq!(
-            v.buyer(Some(&h), Some("drop-2")),
-            Err(AuthError::WrongSku)
-        );
+        assert_eq!(v.buyer(Some(&h), Some("drop-2")), Err(AuthError::WrongSku));
     }
 
     #[test]

@@ -10,13 +10,14 @@ use std::time::Instant;
 
 use dashmap::DashMap;
 use parking_lot::Mutex;
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use crate::error::StoreError;
 use crate::metrics as m;
 use crate::scripts::{self, ClaimInput, Decision};
 use crate::store::Store;
+use crate::writer::WriterSignal;
 
 /// Most claims decided by one script call; bounds the script's run time inside Redis.
 pub const MAX_BATCH: usize = 128;
@@ -62,17 +63,17 @@ pub struct ClaimService {
     lanes: DashMap<String, Arc<Mutex<Lane>>>,
     /// Off: one script call per claim (kept for the benchmarks' side-by-side runs).
     coalesce: bool,
-    /// Woken after every win so the writer picks it up without polling delay.
-    writer_wake: Arc<Notify>,
+    /// Told after every win so the writer picks it up without polling delay.
+    writer: Arc<WriterSignal>,
 }
 
 impl ClaimService {
-    pub fn new(store: Store, coalesce: bool, writer_wake: Arc<Notify>) -> Self {
+    pub fn new(store: Store, coalesce: bool, writer: Arc<WriterSignal>) -> Self {
         ClaimService {
             store,
             lanes: DashMap::new(),
             coalesce,
-            writer_wake,
+            writer,
         }
     }
 
@@ -109,7 +110,7 @@ impl ClaimService {
         };
         let outcome = match decision {
             Decision::Won { remaining } => {
-                self.writer_wake.notify_one();
+                self.writer.won(sku);
                 Outcome::Won(WonClaim {
                     claim_id,
                     quantity,
@@ -146,7 +147,12 @@ impl ClaimService {
         let started = Instant::now();
         let r = self
             .store
-            .bounded(scripts::claim(&mut con, &keys, std::slice::from_ref(&input), now))
+            .bounded(scripts::claim(
+                &mut con,
+                &keys,
+                std::slice::from_ref(&input),
+                now,
+            ))
             .await;
         m::redis_call("claim", started.elapsed());
         let mut decisions = r?;
@@ -155,11 +161,7 @@ impl ClaimService {
             .ok_or_else(|| StoreError::Protocol("empty claim reply".into()))
     }
 
-    async fn decide_coalesced(
-        &self,
-        sku: &str,
-        input: ClaimInput,
-    ) -> Result<Decision, StoreError> {
+    async fn decide_coalesced(&self, sku: &str, input: ClaimInput) -> Result<Decision, StoreError> {
         let lane = match self.lanes.get(sku) {
             Some(l) => l.clone(),
             None => self.lanes.entry(sku.to_string()).or_default().clone(),

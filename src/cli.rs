@@ -94,7 +94,8 @@ async fn wait_for_signal() {
 pub async fn reconcile(args: ReconcileArgs) -> anyhow::Result<bool> {
     let mut raw = args.config;
     // Reconcile reads; it needs no admission secret.
-    raw.admission_secret.get_or_insert_with(|| "reconcile-needs-no-secret".into());
+    raw.admission_secret
+        .get_or_insert_with(|| "reconcile-needs-no-secret".into());
     let config = raw.validate()?;
     let db = crate::db::connect_and_migrate(&config.database_url).await?;
     let store =

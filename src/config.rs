@@ -182,7 +182,9 @@ impl RawConfig {
             match raw.parse::<u64>() {
                 Ok(v) if (min..=max).contains(&v) => v,
                 _ => {
-                    errors.push(format!("{name}={raw:?}: expected an integer in {min}..={max}"));
+                    errors.push(format!(
+                        "{name}={raw:?}: expected an integer in {min}..={max}"
+                    ));
                     min
                 }
             }

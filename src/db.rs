@@ -47,7 +47,10 @@ async fn create_database_if_missing(options: &PgConnectOptions) -> anyhow::Resul
     if !exists {
         let sql = format!("CREATE DATABASE \"{}\"", name.replace('"', "\"\""));
         // Two gateways starting together may race here; the loser's duplicate error is fine.
-        if let Err(e) = sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut admin).await {
+        if let Err(e) = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&mut admin)
+            .await
+        {
             let dup = e
                 .as_database_error()
                 .and_then(|d| d.code())

@@ -11,7 +11,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::DemoArgs;
 
-
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let mut raw = args.config;
     let secret = format!("demo-{}", uuid::Uuid::new_v4().simple());
@@ -21,7 +20,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     raw.listen = "127.0.0.1:0".into();
     let config = raw.validate()?;
     let secret = config.admission_secret.clone();
-    let admin = config.admin_token.clone().context("an admin token was just set")?;
+    let admin = config
+        .admin_token
+        .clone()
+        .context("an admin token was just set")?;
     let app = crate::app::Application::build(config).await?;
     let base = format!("http://{}", app.local_addr()?);
     let shutdown = CancellationToken::new();
@@ -39,14 +41,21 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .send()
         .await?;
     anyhow::ensure!(resp.status() == 201, "declaring {sku}: {}", resp.status());
-    println!("declared {sku}: {} units, {} buyers released together", args.units, args.buyers);
+    println!(
+        "declared {sku}: {} units, {} buyers released together",
+        args.units, args.buyers
+    );
 
     let barrier = Arc::new(Barrier::new(args.buyers));
     let started = Instant::now();
     let mut tasks = Vec::with_capacity(args.buyers);
     for i in 0..args.buyers {
         let token = crate::auth::mint(&secret, &format!("buyer-{i}"), Some(&sku), 600)?;
-        let (http, barrier, url) = (http.clone(), barrier.clone(), format!("{base}/v1/skus/{sku}/claims"));
+        let (http, barrier, url) = (
+            http.clone(),
+            barrier.clone(),
+            format!("{base}/v1/skus/{sku}/claims"),
+        );
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
             let t = Instant::now();
@@ -111,7 +120,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         view["in_flight"],
         view["pending"],
         view["compensated"],
-        if view["consistent"] == true { "consistent" } else { "MISMATCH" }
+        if view["consistent"] == true {
+            "consistent"
+        } else {
+            "MISMATCH"
+        }
     );
     let expected_won = args.units.min(args.buyers as i64);
     anyhow::ensure!(
@@ -120,4 +133,3 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     );
     Ok(())
 }
-

@@ -235,6 +235,7 @@ pub async fn restore(
     let mut pipe = redis::pipe();
     let mut held: std::collections::BTreeMap<&str, i64> = Default::default();
     let mut units = 0i64;
+    let mut records = 0usize;
     for c in &live {
         units += c.quantity;
         *held.entry(c.user_id.as_str()).or_default() += c.quantity;
@@ -248,9 +249,10 @@ pub async fn restore(
             );
             pipe.set_ex(keys.idempotency(&c.user_id, k), record, RECORD_TTL_SECS)
                 .ignore();
+            records += 1;
         }
     }
-    if !live.is_empty() {
+    if records > 0 {
         store
             .bounded(async { Ok(pipe.query_async::<()>(&mut con).await?) })
             .await?;
@@ -276,7 +278,13 @@ pub async fn restore(
         .execute(&mut *tx)
         .await?;
     tx.commit().await?;
-    tracing::info!(sku, units, users = held.len(), force, "restored the SKU's Redis state from the ledger");
+    tracing::info!(
+        sku,
+        units,
+        users = held.len(),
+        force,
+        "restored the SKU's Redis state from the ledger"
+    );
     view(store, catalog, sku).await
 }
 

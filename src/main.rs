@@ -26,7 +26,12 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Token(t) => {
-            match dropgate::auth::mint(&Secret::new(t.admission_secret), &t.user, t.sku.as_deref(), t.ttl) {
+            match dropgate::auth::mint(
+                &Secret::new(t.admission_secret),
+                &t.user,
+                t.sku.as_deref(),
+                t.ttl,
+            ) {
                 Ok(token) => {
                     println!("{token}");
                     ExitCode::SUCCESS

@@ -112,7 +112,9 @@ impl Reprocessor {
         let attempt = row.attempts + 1;
         if self.marker(row, "fence").await? == 0 {
             // Compensated by an earlier owner whose PostgreSQL update did not land.
-            return self.mark_compensated(row, attempt, "compensated earlier").await;
+            return self
+                .mark_compensated(row, attempt, "compensated earlier")
+                .await;
         }
         let reason = match self.write(row).await {
             Ok(()) => {

@@ -6,6 +6,7 @@
 //! commit that holds it, and entries left unacknowledged by a gateway that died are taken over
 //! with XAUTOCLAIM once they have been idle for `journal_claim_idle`.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,6 +34,32 @@ const SKU_REFRESH: Duration = Duration::from_secs(1);
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
+/// How the claim path tells the writer that winners are waiting: a wake-up, and the SKUs
+/// that won since, so a SKU declared a moment ago is read before the next catalog refresh.
+#[derive(Default)]
+pub struct WriterSignal {
+    wake: Notify,
+    skus: parking_lot::Mutex<HashSet<String>>,
+}
+
+impl WriterSignal {
+    /// Called after a win. Takes the lock only to check a small set; allocates only for a SKU
+    /// the writer has not been told about yet.
+    pub fn won(&self, sku: &str) {
+        {
+            let mut skus = self.skus.lock();
+            if !skus.contains(sku) {
+                skus.insert(sku.to_string());
+            }
+        }
+        self.wake.notify_one();
+    }
+
+    fn skus(&self) -> Vec<String> {
+        self.skus.lock().iter().cloned().collect()
+    }
+}
+
 /// One winner as the journal holds it.
 #[derive(Debug, Clone)]
 pub struct Winner {
@@ -55,7 +82,7 @@ pub struct Writer {
     /// its predecessor's unacknowledged entries are taken over by idle time.
     consumer: String,
     /// Woken by the claim path after a win, so a winner is written within milliseconds.
-    wake: Arc<Notify>,
+    signal: Arc<WriterSignal>,
     claim_idle: Duration,
     /// Delay before a parked row's first retry (DROPGATE_REPROCESS_BACKOFF_MS).
     first_retry: Duration,
@@ -65,7 +92,7 @@ impl Writer {
     pub fn new(
         store: Store,
         db: PgPool,
-        wake: Arc<Notify>,
+        signal: Arc<WriterSignal>,
         claim_idle: Duration,
         first_retry: Duration,
     ) -> Self {
@@ -73,7 +100,7 @@ impl Writer {
             store,
             db,
             consumer: format!("gw-{}", Uuid::new_v4().simple()),
-            wake,
+            signal,
             claim_idle,
             first_retry,
         }
@@ -86,10 +113,16 @@ impl Writer {
         let mut last_autoclaim = Instant::now();
         let mut backoff = Duration::ZERO;
         loop {
-            if skus_read_at.is_none_or(|t| t.elapsed() > SKU_REFRESH) {
+            let stopping = shutdown.is_cancelled();
+            if stopping || skus_read_at.is_none_or(|t| t.elapsed() > SKU_REFRESH) {
                 if let Ok(list) = catalog::all_ids(&self.db).await {
                     skus = list;
                     skus_read_at = Some(Instant::now());
+                }
+            }
+            for sku in self.signal.skus() {
+                if !skus.contains(&sku) {
+                    skus.push(sku);
                 }
             }
             let autoclaim = last_autoclaim.elapsed() > self.claim_idle / 2;
@@ -112,7 +145,7 @@ impl Writer {
             } else {
                 backoff = Duration::ZERO;
             }
-            if shutdown.is_cancelled() {
+            if stopping {
                 if moved == 0 || failed {
                     break;
                 }
@@ -123,7 +156,7 @@ impl Writer {
             }
             let pause = if failed { backoff } else { POLL };
             tokio::select! {
-                _ = self.wake.notified(), if !failed => {}
+                _ = self.signal.wake.notified(), if !failed => {}
                 _ = tokio::time::sleep(pause) => {}
                 _ = shutdown.cancelled() => {}
             }
@@ -133,7 +166,12 @@ impl Writer {
 
     /// Reads one SKU's journal and writes what it holds. `own_pending` re-reads entries this
     /// consumer took but could not write (after a failure), before new ones.
-    async fn pass(&mut self, sku: &str, autoclaim: bool, own_pending: bool) -> Result<usize, WriteError> {
+    async fn pass(
+        &mut self,
+        sku: &str,
+        autoclaim: bool,
+        own_pending: bool,
+    ) -> Result<usize, WriteError> {
         let keys = self.store.keys(sku);
         let mut winners = Vec::new();
         if autoclaim {
@@ -163,7 +201,12 @@ impl Writer {
     }
 
     async fn read(&self, sku: &str, keys: &SkuKeys, from: &str) -> Result<Vec<Winner>, WriteError> {
-        let mut con = self.store.pool().get().await.map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        let mut con = self
+            .store
+            .pool()
+            .get()
+            .await
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
         let reply: Value = self
             .store
             .bounded(async {
@@ -196,7 +239,12 @@ impl Writer {
     }
 
     async fn autoclaim(&self, sku: &str, keys: &SkuKeys) -> Result<Vec<Winner>, WriteError> {
-        let mut con = self.store.pool().get().await.map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        let mut con = self
+            .store
+            .pool()
+            .get()
+            .await
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
         let reply: Value = self
             .store
             .bounded(async {
@@ -219,7 +267,11 @@ impl Writer {
             _ => Vec::new(),
         };
         if !out.is_empty() {
-            tracing::info!(sku, entries = out.len(), "took over journal entries of a gateway that stopped");
+            tracing::info!(
+                sku,
+                entries = out.len(),
+                "took over journal entries of a gateway that stopped"
+            );
         }
         Ok(out)
     }
@@ -359,7 +411,11 @@ async fn insert(db: &PgPool, rows: &[Winner]) -> Result<(), DbError> {
         .bind(rows.iter().map(|w| w.sku.as_str()).collect::<Vec<_>>())
         .bind(rows.iter().map(|w| w.user.as_str()).collect::<Vec<_>>())
         .bind(rows.iter().map(|w| w.quantity).collect::<Vec<_>>())
-        .bind(rows.iter().map(|w| w.idempotency_key.as_deref()).collect::<Vec<_>>())
+        .bind(
+            rows.iter()
+                .map(|w| w.idempotency_key.as_deref())
+                .collect::<Vec<_>>(),
+        )
         .bind(rows.iter().map(|w| w.remaining_after).collect::<Vec<_>>())
         .bind(rows.iter().map(|w| w.created_ms).collect::<Vec<_>>())
         .execute(db)

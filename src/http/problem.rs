@@ -65,13 +65,21 @@ impl ApiError {
                 "Payload too large",
             ),
             SoldOut => (StatusCode::CONFLICT, "sold_out", "Sold out"),
-            LimitReached => (StatusCode::CONFLICT, "limit_reached", "Per-user limit reached"),
+            LimitReached => (
+                StatusCode::CONFLICT,
+                "limit_reached",
+                "Per-user limit reached",
+            ),
             KeyReused => (
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "idempotency_key_reused",
                 "Idempotency key reused with another request",
             ),
-            SkuExists => (StatusCode::CONFLICT, "sku_exists", "SKU exists with another total"),
+            SkuExists => (
+                StatusCode::CONFLICT,
+                "sku_exists",
+                "SKU exists with another total",
+            ),
             InsufficientStock => (
                 StatusCode::CONFLICT,
                 "insufficient_stock",

@@ -40,9 +40,7 @@ async fn route(state: &AppState, req: Request<Incoming>) -> Result<Response<Body
         (["admin", "skus", _], _) => Err(ApiError::MethodNotAllowed("GET, PUT")),
         (["admin", "skus", sku, "restock"], &Method::POST) => restock(state, sku, req).await,
         (["admin", "skus", sku, "restore"], &Method::POST) => restore(state, sku, &req).await,
-        (["admin", "skus", _, "restock" | "restore"], _) => {
-            Err(ApiError::MethodNotAllowed("POST"))
-        }
+        (["admin", "skus", _, "restock" | "restore"], _) => Err(ApiError::MethodNotAllowed("POST")),
         (["healthz"], &Method::GET) => Ok(json(StatusCode::OK, &Status { status: "ok" })),
         (["readyz"], &Method::GET) => Ok(readyz(state).await),
         (["metrics"], &Method::GET) => Ok(metrics(state)),
@@ -87,11 +85,7 @@ async fn claim(state: &AppState, sku: &str, req: Request<Incoming>) -> Result<Re
         }
     };
     let quantity = claim_quantity(&read_body(req).await?)?;
-    let entry = state
-        .catalog
-        .get(sku)
-        .await?
-        .ok_or(ApiError::UnknownSku)?;
+    let entry = state.catalog.get(sku).await?.ok_or(ApiError::UnknownSku)?;
     if quantity < 1 || quantity > i64::from(entry.per_user_limit) {
         return Err(ApiError::BadRequest(format!(
             "quantity must be between 1 and {} (the per-user limit)",
@@ -198,10 +192,14 @@ async fn declare(state: &AppState, sku: &str, req: Request<Incoming>) -> Result<
     let limit = body.per_user_limit.unwrap_or(1);
     let hold = body.hold_seconds.unwrap_or(0);
     if !(0..=MAX_UNITS).contains(&body.total) {
-        return Err(ApiError::BadRequest(format!("total must be in 0..={MAX_UNITS}")));
+        return Err(ApiError::BadRequest(format!(
+            "total must be in 0..={MAX_UNITS}"
+        )));
     }
     if !(1..=1_000_000).contains(&limit) {
-        return Err(ApiError::BadRequest("per_user_limit must be in 1..=1000000".into()));
+        return Err(ApiError::BadRequest(
+            "per_user_limit must be in 1..=1000000".into(),
+        ));
     }
     if hold != 0 {
         return Err(ApiError::BadRequest(
@@ -217,7 +215,11 @@ async fn declare(state: &AppState, sku: &str, req: Request<Incoming>) -> Result<
         hold as i32,
     )
     .await?;
-    let status = if d.created { StatusCode::CREATED } else { StatusCode::OK };
+    let status = if d.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
     Ok(json(status, &d.view))
 }
 
@@ -233,7 +235,9 @@ async fn restock(state: &AppState, sku: &str, req: Request<Incoming>) -> Result<
     check_sku(sku)?;
     let body: RestockBody = parse(&read_body(req).await?)?;
     if body.delta.abs() > MAX_UNITS {
-        return Err(ApiError::BadRequest(format!("|delta| must be at most {MAX_UNITS}")));
+        return Err(ApiError::BadRequest(format!(
+            "|delta| must be at most {MAX_UNITS}"
+        )));
     }
     let v = inventory::restock(&state.store, &state.catalog, sku, body.delta).await?;
     Ok(json(StatusCode::OK, &v))
@@ -245,7 +249,11 @@ async fn restore(state: &AppState, sku: &str, req: &Request<Incoming>) -> Result
     let force = match req.uri().query() {
         None | Some("") | Some("force=false") => false,
         Some("force=true") => true,
-        Some(_) => return Err(ApiError::BadRequest("the only parameter is force=true".into())),
+        Some(_) => {
+            return Err(ApiError::BadRequest(
+                "the only parameter is force=true".into(),
+            ))
+        }
     };
     let v = inventory::restore(&state.store, &state.catalog, sku, force).await?;
     Ok(json(StatusCode::OK, &v))
@@ -335,15 +343,21 @@ async fn read_body(req: Request<Incoming>) -> Result<Bytes> {
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
         return Err(ApiError::PayloadTooLarge);
     }
-    match Limited::new(req.into_body(), MAX_BODY_BYTES).collect().await {
+    match Limited::new(req.into_body(), MAX_BODY_BYTES)
+        .collect()
+        .await
+    {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::PayloadTooLarge),
-        Err(_) => Err(ApiError::BadRequest("could not read the request body".into())),
+        Err(_) => Err(ApiError::BadRequest(
+            "could not read the request body".into(),
+        )),
     }
 }
 
 fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T> {
-    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))
 }
 
 fn json<T: Serialize>(status: StatusCode, body: &T) -> Response<Body> {

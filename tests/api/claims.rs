@@ -27,7 +27,11 @@ async fn winners_never_exceed_stock_under_1000_buyers() {
     })
     .await;
 
-    let won: Vec<&Value> = results.iter().filter(|(s, _)| *s == 201).map(|(_, b)| b).collect();
+    let won: Vec<&Value> = results
+        .iter()
+        .filter(|(s, _)| *s == 201)
+        .map(|(_, b)| b)
+        .collect();
     let sold_out = results
         .iter()
         .filter(|(s, b)| *s == 409 && code(b) == "sold_out")
@@ -124,7 +128,10 @@ async fn a_replayed_request_returns_the_first_body_and_moves_no_stock() {
     // Same key, another request: 422, nothing changes.
     let reused = app.claim("idem", "u", 2, Some("key-1")).await;
     assert_eq!(reused.status(), 422);
-    assert_eq!(code(&reused.json().await.unwrap()), "idempotency_key_reused");
+    assert_eq!(
+        code(&reused.json().await.unwrap()),
+        "idempotency_key_reused"
+    );
     assert_eq!(app.stock("idem").await, Some(9));
 
     // Keys are scoped per user: another user's same key is a new claim.
@@ -167,7 +174,10 @@ async fn a_lost_claim_is_decided_afresh_on_retry() {
     assert_eq!(r.status(), 409);
     assert_eq!(app.restock("afresh", 1).await.status(), 200);
     // The loss was not recorded under the key, so the retry can now win.
-    assert_eq!(app.claim("afresh", "late", 1, Some("k")).await.status(), 201);
+    assert_eq!(
+        app.claim("afresh", "late", 1, Some("k")).await.status(),
+        201
+    );
     assert_eq!(app.stock("afresh").await, Some(0));
 }
 
@@ -178,40 +188,67 @@ async fn every_refusal_of_the_claim_table_changes_nothing() {
     let url = format!("{}/v1/skus/table/claims", app.base);
     let cases: Vec<(reqwest::RequestBuilder, u16, &str)> = vec![
         (app.http.post(&url), 401, "unauthorized"),
-        (app.http.post(&url).bearer_auth("not-a-jwt"), 401, "unauthorized"),
+        (
+            app.http.post(&url).bearer_auth("not-a-jwt"),
+            401,
+            "unauthorized",
+        ),
         (
             app.http.post(&url).bearer_auth(token_for("u", "other-sku")),
             401,
             "unauthorized",
         ),
         (
-            app.http.post(format!("{}/v1/skus/nope/claims", app.base)).bearer_auth(token("u")),
+            app.http
+                .post(format!("{}/v1/skus/nope/claims", app.base))
+                .bearer_auth(token("u")),
             404,
             "unknown_sku",
         ),
         (
-            app.http.post(format!("{}/v1/skus/bad%20id/claims", app.base)).bearer_auth(token("u")),
-            400,
-            "bad_request",
-        ),
-        (app.http.post(&url).bearer_auth(token("u")).body("{not json"), 400, "bad_request"),
-        (
-            app.http.post(&url).bearer_auth(token("u")).body(r#"{"quantity": 0}"#),
+            app.http
+                .post(format!("{}/v1/skus/bad%20id/claims", app.base))
+                .bearer_auth(token("u")),
             400,
             "bad_request",
         ),
         (
-            app.http.post(&url).bearer_auth(token("u")).body(r#"{"quantity": "1"}"#),
+            app.http
+                .post(&url)
+                .bearer_auth(token("u"))
+                .body("{not json"),
             400,
             "bad_request",
         ),
         (
-            app.http.post(&url).bearer_auth(token("u")).header("idempotency-key", "has space"),
+            app.http
+                .post(&url)
+                .bearer_auth(token("u"))
+                .body(r#"{"quantity": 0}"#),
             400,
             "bad_request",
         ),
         (
-            app.http.post(&url).bearer_auth(token("u")).body(vec![b' '; 17 * 1024]),
+            app.http
+                .post(&url)
+                .bearer_auth(token("u"))
+                .body(r#"{"quantity": "1"}"#),
+            400,
+            "bad_request",
+        ),
+        (
+            app.http
+                .post(&url)
+                .bearer_auth(token("u"))
+                .header("idempotency-key", "has space"),
+            400,
+            "bad_request",
+        ),
+        (
+            app.http
+                .post(&url)
+                .bearer_auth(token("u"))
+                .body(vec![b' '; 17 * 1024]),
             413,
             "payload_too_large",
         ),
@@ -220,7 +257,8 @@ async fn every_refusal_of_the_claim_table_changes_nothing() {
         let r = req.send().await.unwrap();
         assert_eq!(r.status().as_u16(), status, "{expected}");
         assert_eq!(
-            r.headers()["content-type"], "application/problem+json",
+            r.headers()["content-type"],
+            "application/problem+json",
             "{expected}"
         );
         let body: Value = r.json().await.unwrap();

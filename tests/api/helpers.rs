@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use dropgate::app::Application;
 use dropgate::config::{RawConfig, Secret};
-use redis::aio::MultiplexedConnection;
+use redis::aio::ConnectionManager;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use tokio::task::JoinHandle;
@@ -19,16 +19,60 @@ pub const PG_BASE: &str = "postgres://postgres@127.0.0.1:5432";
 pub const SECRET: &str = "test-admission-secret-0123456789";
 pub const ADMIN: &str = "test-admin-token-0123456789";
 
-pub struct TestApp {
-    pub addr: SocketAddr,
+/// A gateway's HTTP API, in process or in a child process.
+#[derive(Clone)]
+pub struct Api {
     pub base: String,
     pub http: reqwest::Client,
+}
+
+/// Direct reads of the state a test leaves behind, bypassing the gateway.
+#[derive(Clone)]
+pub struct Probe {
     pub db: PgPool,
-    pub database_url: String,
-    pub redis: MultiplexedConnection,
+    /// Reconnects by itself, so fault tests can keep using it across a Redis restart.
+    pub redis: ConnectionManager,
     pub prefix: String,
+}
+
+pub struct TestApp {
+    pub addr: SocketAddr,
+    pub api: Api,
+    pub probe: Probe,
+    pub db: PgPool,
     shutdown: CancellationToken,
     server: Option<JoinHandle<()>>,
+}
+
+impl std::ops::Deref for TestApp {
+    type Target = Api;
+    fn deref(&self) -> &Api {
+        &self.api
+    }
+}
+
+impl Api {
+    pub fn new(base: String) -> Self {
+        Api {
+            base,
+            http: reqwest::Client::builder()
+                .pool_max_idle_per_host(2000)
+                .build()
+                .unwrap(),
+        }
+    }
+}
+
+impl Probe {
+    pub async fn new(database_url: &str, redis_url: &str, prefix: &str) -> Self {
+        Probe {
+            db: PgPool::connect(database_url).await.unwrap(),
+            redis: ConnectionManager::new(redis::Client::open(redis_url).unwrap())
+                .await
+                .unwrap(),
+            prefix: prefix.to_string(),
+        }
+    }
 }
 
 /// A fresh database name and key prefix, shared by a test's gateways.
@@ -76,6 +120,11 @@ pub async fn spawn_app_with(tweak: impl FnOnce(&mut RawConfig)) -> TestApp {
 }
 
 pub async fn spawn_with_config(raw: RawConfig) -> TestApp {
+    // The gateway's log goes to the test's captured output, shown when a test fails.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("warn,dropgate=info")
+        .with_test_writer()
+        .try_init();
     let config = raw.validate().expect("test configuration is valid");
     let redis_url = config.redis_url.clone();
     let app = Application::build(config.clone())
@@ -84,23 +133,12 @@ pub async fn spawn_with_config(raw: RawConfig) -> TestApp {
     let addr = app.local_addr().unwrap();
     let shutdown = CancellationToken::new();
     let server = tokio::spawn(app.run_until_stopped(shutdown.clone()));
-    let db = PgPool::connect(&config.database_url).await.unwrap();
-    let redis = redis::Client::open(redis_url)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let probe = Probe::new(&config.database_url, &redis_url, &config.key_prefix).await;
     TestApp {
         addr,
-        base: format!("http://{addr}"),
-        http: reqwest::Client::builder()
-            .pool_max_idle_per_host(2000)
-            .build()
-            .unwrap(),
-        db,
-        database_url: config.database_url,
-        redis,
-        prefix: config.key_prefix,
+        api: Api::new(format!("http://{addr}")),
+        db: probe.db.clone(),
+        probe,
         shutdown,
         server: Some(server),
     }
@@ -114,7 +152,7 @@ pub fn token_for(user: &str, sku: &str) -> String {
     dropgate::auth::mint(&Secret::new(SECRET), user, Some(sku), 600).unwrap()
 }
 
-impl TestApp {
+impl Api {
     pub async fn declare(&self, sku: &str, total: i64, limit: i64) -> reqwest::Response {
         self.http
             .put(format!("{}/admin/skus/{sku}", self.base))
@@ -175,27 +213,53 @@ impl TestApp {
         r.json().await.unwrap()
     }
 
+    pub async fn drained(&self, sku: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let v = self.view(sku).await;
+            if v["in_flight"] == 0 && v["pending"] == 0 {
+                return v;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the writer did not drain {sku}: {v}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+impl Probe {
+    /// HGET straight from Redis. Retried briefly: right after a Redis restart the first call
+    /// on a reconnecting connection fails.
+    async fn hget(&self, key: String, field: &str) -> Option<i64> {
+        let mut last = None;
+        for _ in 0..50 {
+            let mut con = self.redis.clone();
+            match redis::cmd("HGET")
+                .arg(&key)
+                .arg(field)
+                .query_async(&mut con)
+                .await
+            {
+                Ok(v) => return v,
+                Err(e) => last = Some(e),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("redis unreachable: {last:?}");
+    }
+
     /// Remaining stock straight from Redis.
     pub async fn stock(&self, sku: &str) -> Option<i64> {
-        let mut con = self.redis.clone();
-        redis::cmd("HGET")
-            .arg(format!("{}:{{{sku}}}:state", self.prefix))
-            .arg("stock")
-            .query_async(&mut con)
+        self.hget(format!("{}:{{{sku}}}:state", self.prefix), "stock")
             .await
-            .unwrap()
     }
 
     /// Units a user holds according to Redis.
     pub async fn held(&self, sku: &str, user: &str) -> i64 {
-        let mut con = self.redis.clone();
-        let v: Option<i64> = redis::cmd("HGET")
-            .arg(format!("{}:{{{sku}}}:users", self.prefix))
-            .arg(user)
-            .query_async(&mut con)
+        self.hget(format!("{}:{{{sku}}}:users", self.prefix), user)
             .await
-            .unwrap();
-        v.unwrap_or(0)
+            .unwrap_or(0)
     }
 
     /// Claim ids in `issuances` for a SKU.
@@ -206,16 +270,19 @@ impl TestApp {
             .await
             .unwrap()
     }
+}
 
-    /// Waits until the writer recorded every winner of `sku` (nothing in flight).
-    pub async fn drained(&self, sku: &str) -> Value {
-        let mut last = Value::Null;
-        wait_for(Duration::from_secs(30), || async {
-            last = self.view(sku).await;
-            last["in_flight"] == 0 && last["pending"] == 0
-        })
-        .await;
-        last
+impl TestApp {
+    pub async fn stock(&self, sku: &str) -> Option<i64> {
+        self.probe.stock(sku).await
+    }
+
+    pub async fn held(&self, sku: &str, user: &str) -> i64 {
+        self.probe.held(sku, user).await
+    }
+
+    pub async fn issued_ids(&self, sku: &str) -> Vec<Uuid> {
+        self.probe.issued_ids(sku).await
     }
 
     /// Stops the gateway the way SIGTERM does and waits for it.
@@ -241,7 +308,10 @@ where
 {
     let deadline = Instant::now() + limit;
     while !cond().await {
-        assert!(Instant::now() < deadline, "condition not met within {limit:?}");
+        assert!(
+            Instant::now() < deadline,
+            "condition not met within {limit:?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -272,4 +342,45 @@ where
 
 pub fn code(body: &Value) -> &str {
     body["code"].as_str().unwrap_or("")
+}
+
+/// Releases one buyer per user at once (a barrier), each claiming one unit; returns each
+/// answer's status (0 when the connection failed) and body.
+pub async fn release_buyers(api: &Api, sku: &str, users: Vec<String>) -> Vec<(u16, Value)> {
+    let users = std::sync::Arc::new(users);
+    all_at_once(users.len(), |i| {
+        let (api, users, sku) = (api.clone(), users.clone(), sku.to_string());
+        async move {
+            let r = api
+                .http
+                .post(format!("{}/v1/skus/{sku}/claims", api.base))
+                .bearer_auth(token(&users[i]))
+                .json(&serde_json::json!({"quantity": 1}))
+                .send()
+                .await;
+            match r {
+                Ok(r) => {
+                    let s = r.status().as_u16();
+                    (s, r.json().await.unwrap_or(Value::Null))
+                }
+                Err(_) => (0, Value::Null),
+            }
+        }
+    })
+    .await
+}
+
+/// Claim ids of the 201 answers.
+pub fn won_ids(results: &[(u16, Value)]) -> Vec<Uuid> {
+    let mut ids: Vec<Uuid> = results
+        .iter()
+        .filter(|(s, _)| *s == 201)
+        .map(|(_, b)| b["claim_id"].as_str().unwrap().parse().unwrap())
+        .collect();
+    ids.sort();
+    ids
+}
+
+pub fn users(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}-{i}")).collect()
 }

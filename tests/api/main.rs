@@ -6,3 +6,4 @@ mod durability;
 mod faults;
 mod helpers;
 mod http;
+mod services;

@@ -1,0 +1,120 @@
+//! Redis failing: fail closed, recover by itself, and never re-sell after losing its data.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::helpers::*;
+use crate::services::PrivateRedis;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_answers_503_fast_and_claims_resume_when_it_returns() {
+    let mut redis = PrivateRedis::start().await;
+    let app = spawn_app_with(|c| {
+        c.redis_url = redis.url();
+        // The production default: a dead Redis must not hold a buyer for long.
+        c.redis_timeout_ms = "250".into();
+    })
+    .await;
+    app.declare("fc", 10, 1).await;
+    assert_eq!(app.claim("fc", "before", 1, None).await.status(), 201);
+
+    redis.kill();
+    for i in 0..5 {
+        let started = Instant::now();
+        let r = app.claim("fc", &format!("down-{i}"), 1, None).await;
+        let took = started.elapsed();
+        assert_eq!(r.status(), 503);
+        assert_eq!(r.headers()["retry-after"], "1");
+        assert_eq!(code(&r.json().await.unwrap()), "unavailable");
+        assert!(took < Duration::from_millis(1500), "503 took {took:?}");
+    }
+    let r = app
+        .http
+        .get(format!("{}/readyz", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.json::<Value>().await.unwrap()["redis"], "unreachable");
+
+    redis.restart().await;
+    let mut attempt = 0;
+    wait_for(Duration::from_secs(15), || {
+        attempt += 1;
+        let user = format!("after-{attempt}");
+        let app = &app;
+        async move { app.claim("fc", &user, 1, None).await.status() == 201 }
+    })
+    .await;
+    // Exactly the two wins moved stock; every 503 moved nothing.
+    assert_eq!(app.stock("fc").await, Some(8));
+    let v = app.drained("fc").await;
+    assert_eq!(v["recorded"], 2);
+    assert_eq!(v["consistent"], true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restarted_empty_closes_the_sku_until_restore_then_sells_exactly_the_rest() {
+    let mut redis = PrivateRedis::start().await;
+    let app = spawn_app_with(|c| c.redis_url = redis.url()).await;
+    app.declare("lost", 10, 1).await;
+    let first = release_buyers(&app.api, "lost", users("early", 4)).await;
+    assert_eq!(won_ids(&first).len(), 4);
+    let keyed = app.claim("lost", "keyed", 1, Some("k-1")).await;
+    assert_eq!(keyed.status(), 201);
+    let keyed: Value = keyed.json().await.unwrap();
+    app.drained("lost").await;
+
+    redis.kill();
+    redis.wipe();
+    redis.restart().await;
+    wait_for(Duration::from_secs(10), || async {
+        app.http
+            .get(format!("{}/readyz", app.base))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            == 200
+    })
+    .await;
+
+    // Fail closed: neither "unlimited" nor "sold out".
+    let r = app.claim("lost", "during", 1, None).await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(code(&r.json().await.unwrap()), "unavailable");
+    // Declaring again does not re-seed the total.
+    let r = app.declare("lost", 10, 1).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["remaining"], Value::Null);
+    assert_eq!(app.stock("lost").await, None);
+
+    let r = app.restore("lost", false).await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["remaining"], 5);
+    assert_eq!(v["consistent"], true);
+    // The idempotency record came back with the ledger: a retry replays, moves nothing.
+    let again = app.claim("lost", "keyed", 1, Some("k-1")).await;
+    assert_eq!(again.headers()["idempotency-replayed"], "true");
+    assert_eq!(
+        again.json::<Value>().await.unwrap()["claim_id"],
+        keyed["claim_id"]
+    );
+    // Present now: a second restore is refused unless forced.
+    let r = app.restore("lost", false).await;
+    assert_eq!(r.status(), 409);
+    assert_eq!(code(&r.json().await.unwrap()), "state_present");
+    assert_eq!(app.restore("lost", true).await.status(), 200);
+    assert_eq!(app.stock("lost").await, Some(5));
+
+    // Early buyers still hold their unit (limit 1), the remainder sells exactly.
+    assert_eq!(app.claim("lost", "early-0", 1, None).await.status(), 409);
+    let rest = release_buyers(&app.api, "lost", users("late", 50)).await;
+    assert_eq!(won_ids(&rest).len(), 5);
+    assert_eq!(app.stock("lost").await, Some(0));
+    let v = app.drained("lost").await;
+    assert_eq!(v["recorded"], 10);
+    assert_eq!(v["consistent"], true);
+}

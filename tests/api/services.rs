@@ -1,0 +1,295 @@
+//! Real services a fault test can break: a private redis-server, a private PostgreSQL, and the
+//! gateway as a child process (so it can be SIGKILLed).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::helpers::*;
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn scratch_dir(kind: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("dropgate-{kind}-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A redis-server of the test's own, with an fsync-always append-only file so that a SIGKILL
+/// and restart keeps its data (unless the test wipes the directory).
+pub struct PrivateRedis {
+    pub port: u16,
+    dir: PathBuf,
+    child: Option<std::process::Child>,
+}
+
+impl PrivateRedis {
+    pub async fn start() -> Self {
+        let mut r = PrivateRedis {
+            port: free_port(),
+            dir: scratch_dir("redis"),
+            child: None,
+        };
+        r.restart().await;
+        r
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub async fn restart(&mut self) {
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+            ])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed");
+        self.child = Some(child);
+        let url = self.url();
+        wait_for(Duration::from_secs(10), || {
+            let url = url.clone();
+            async move {
+                let Ok(c) = redis::Client::open(url) else {
+                    return false;
+                };
+                match c.get_multiplexed_async_connection().await {
+                    Ok(mut con) => redis::cmd("PING")
+                        .query_async::<String>(&mut con)
+                        .await
+                        .is_ok(),
+                    Err(_) => false,
+                }
+            }
+        })
+        .await;
+    }
+
+    /// SIGKILL: no shutdown, no save.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Forgets everything, as a Redis without persistence does on restart.
+    pub fn wipe(&self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        std::fs::create_dir_all(&self.dir).unwrap();
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+
+/// A PostgreSQL cluster of the test's own, run as the `postgres` user (initdb refuses root).
+pub struct PrivatePostgres {
+    pub port: u16,
+    dir: PathBuf,
+}
+
+fn as_postgres(args: &[&str]) -> std::process::Output {
+    std::process::Command::new("runuser")
+        .args(["-u", "postgres", "--"])
+        .args(args)
+        .output()
+        .expect("runuser is available")
+}
+
+impl PrivatePostgres {
+    pub async fn start() -> Self {
+        let dir = scratch_dir("pg");
+        let status = std::process::Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(&dir)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let data = dir.join("data");
+        let out = as_postgres(&[
+            &format!("{PG_BIN}/initdb"),
+            "-D",
+            data.to_str().unwrap(),
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "--no-sync",
+        ]);
+        assert!(
+            out.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let pg = PrivatePostgres {
+            port: free_port(),
+            dir,
+        };
+        pg.up().await;
+        pg
+    }
+
+    pub fn url(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+
+    pub async fn up(&self) {
+        let data = self.dir.join("data");
+        let opts = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            self.port,
+            self.dir.display()
+        );
+        let out = as_postgres(&[
+            &format!("{PG_BIN}/pg_ctl"),
+            "-D",
+            data.to_str().unwrap(),
+            "-o",
+            &opts,
+            "-l",
+            self.dir.join("log").to_str().unwrap(),
+            "-w",
+            "start",
+        ]);
+        assert!(
+            out.status.success(),
+            "pg_ctl start: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Immediate stop: connections drop at once, as in a crash.
+    pub fn down(&self) {
+        let data = self.dir.join("data");
+        let out = as_postgres(&[
+            &format!("{PG_BIN}/pg_ctl"),
+            "-D",
+            data.to_str().unwrap(),
+            "-m",
+            "immediate",
+            "-w",
+            "stop",
+        ]);
+        assert!(
+            out.status.success(),
+            "pg_ctl stop: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let data = self.dir.join("data");
+        let _ = as_postgres(&[
+            &format!("{PG_BIN}/pg_ctl"),
+            "-D",
+            data.to_str().unwrap(),
+            "-m",
+            "immediate",
+            "stop",
+        ]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The real `dropgate serve` binary as a child process.
+pub struct GatewayProcess {
+    pub base: String,
+    child: Child,
+}
+
+impl GatewayProcess {
+    pub async fn start(iso: &Isolation, redis_url: &str, env: &[(&str, &str)]) -> Self {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_dropgate"));
+        cmd.arg("serve")
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("NO_COLOR", "1")
+            .env("RUST_LOG", "info")
+            .env("DROPGATE_LISTEN", "127.0.0.1:0")
+            .env("REDIS_URL", redis_url)
+            .env("DATABASE_URL", &iso.database_url)
+            .env("DROPGATE_KEY_PREFIX", &iso.prefix)
+            .env("DROPGATE_ADMISSION_SECRET", SECRET)
+            .env("DROPGATE_ADMIN_TOKEN", ADMIN)
+            .env("DROPGATE_REDIS_TIMEOUT_MS", "2000")
+            .env("DROPGATE_JOURNAL_CLAIM_IDLE_MS", "1000")
+            .env("DROPGATE_REPROCESS_BACKOFF_MS", "50")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("the dropgate binary starts");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let addr = tokio::time::timeout(Duration::from_secs(60), async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if let Some(rest) = line.split("listening on ").nth(1) {
+                    return rest
+                        .split_whitespace()
+                        .next()
+                        .unwrap()
+                        .parse::<SocketAddr>()
+                        .unwrap();
+                }
+            }
+            panic!("the gateway exited before listening");
+        })
+        .await
+        .expect("the gateway logs its address");
+        // Keep reading, so a full pipe never blocks the gateway's logging.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        GatewayProcess {
+            base: format!("http://{addr}"),
+            child,
+        }
+    }
+
+    pub async fn sigkill(&mut self) {
+        self.child.kill().await.unwrap();
+    }
+
+    /// SIGTERM, then the exit status (bounded).
+    pub async fn sigterm(&mut self, within: Duration) -> std::process::ExitStatus {
+        let pid = self.child.id().expect("still running");
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        tokio::time::timeout(within, self.child.wait())
+            .await
+            .expect("the gateway exits within the bound")
+            .unwrap()
+    }
+}
