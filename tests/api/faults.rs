@@ -118,3 +118,57 @@ async fn a_redis_restarted_empty_closes_the_sku_until_restore_then_sells_exactly
     assert_eq!(v["recorded"], 10);
     assert_eq!(v["consistent"], true);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_call_timed_out_is_settled_by_reading_not_by_sending_it_again() {
+    let redis = PrivateRedis::start().await;
+    let app = spawn_app_with(|c| {
+        c.redis_url = redis.url();
+        c.redis_timeout_ms = "250".into();
+    })
+    .await;
+    app.declare("slow", 5, 1).await;
+    // Freeze every client of this Redis for 600 ms: the claim's call times out (250 ms) while
+    // it is still queued, then runs when the pause ends.
+    let mut admin = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(600)
+        .arg("ALL")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let r = app.claim("slow", "patient", 1, Some("k")).await;
+    let took = started.elapsed();
+    assert!(
+        took > Duration::from_millis(250),
+        "the call was not delayed: {took:?}"
+    );
+    // Either the read found the win (201), or it found nothing and fenced the id first (503);
+    // whichever it answered, the state agrees with it and nothing was decided twice.
+    let status = r.status().as_u16();
+    let body: Value = r.json().await.unwrap();
+    let v = app.drained("slow").await;
+    let ids = app.issued_ids("slow").await;
+    match status {
+        201 => {
+            assert_eq!(v["recorded"], 1);
+            assert_eq!(app.stock("slow").await, Some(4));
+            assert_eq!(app.held("slow", "patient").await, 1);
+            assert_eq!(ids.len(), 1);
+            assert_eq!(ids[0].to_string(), body["claim_id"].as_str().unwrap());
+        }
+        503 => {
+            assert_eq!(v["recorded"], 0);
+            assert_eq!(app.stock("slow").await, Some(5));
+            assert!(ids.is_empty());
+        }
+        other => panic!("unexpected status {other}: {body}"),
+    }
+    assert_eq!(v["consistent"], true);
+}

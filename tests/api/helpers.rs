@@ -30,6 +30,7 @@ pub struct Api {
 #[derive(Clone)]
 pub struct Probe {
     pub db: PgPool,
+    pub database_url: String,
     /// Reconnects by itself, so fault tests can keep using it across a Redis restart.
     pub redis: ConnectionManager,
     pub prefix: String,
@@ -67,6 +68,7 @@ impl Probe {
     pub async fn new(database_url: &str, redis_url: &str, prefix: &str) -> Self {
         Probe {
             db: PgPool::connect(database_url).await.unwrap(),
+            database_url: database_url.to_string(),
             redis: ConnectionManager::new(redis::Client::open(redis_url).unwrap())
                 .await
                 .unwrap(),

@@ -101,3 +101,92 @@ async fn a_declared_oversized_body_is_refused_before_it_is_read() {
     let head = String::from_utf8_lossy(&buf[..n]);
     assert!(head.starts_with("HTTP/1.1 413"), "{head}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_input_gets_a_problem_answer_and_changes_nothing() {
+    let app = spawn_app().await;
+    app.declare("h", 3, 2).await;
+    let bodies: Vec<Vec<u8>> = vec![
+        br#"{"quantity": 1e400}"#.to_vec(),
+        br#"{"quantity": 18446744073709551616}"#.to_vec(),
+        br#"{"quantity": -9223372036854775808}"#.to_vec(),
+        br#"{"quantity": 3}"#.to_vec(),
+        br#"{"quantity": null, "quantity": 1}"#.to_vec(),
+        br#"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]"#
+            .to_vec(),
+        vec![0xff, 0xfe, 0x00, 0x7b],
+        "{\"quantity\": \"\u{1F600}\"}".as_bytes().to_vec(),
+    ];
+    // A small deterministic generator adds noise bodies to the hand-picked ones.
+    let mut seed: u64 = 0x9e3779b97f4a7c15;
+    let mut noise = Vec::new();
+    for _ in 0..40 {
+        let len = (seed % 64) as usize;
+        let mut b = Vec::with_capacity(len);
+        for _ in 0..len {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            b.push(b"{}[]\":,0123456789quantity -.e\\"[(seed % 30) as usize]);
+        }
+        noise.push(b);
+    }
+    for body in bodies.into_iter().chain(noise) {
+        let r = app
+            .http
+            .post(format!("{}/v1/skus/h/claims", app.base))
+            .bearer_auth(token("fuzzer"))
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        assert!(
+            status == 400 || status == 201 || status == 409,
+            "{status} for {body:?}"
+        );
+        if status != 201 {
+            assert_eq!(r.headers()["content-type"], "application/problem+json");
+        }
+    }
+    for path in [
+        "/v1/skus/%ZZ/claims",
+        "/v1/skus//claims",
+        "/v1/skus/a/b/claims",
+        "/admin/skus/../../etc/passwd",
+        "/v1/claims/not-a-uuid",
+        &format!("/v1/skus/{}/claims", "x".repeat(5000)),
+    ] {
+        let r = app
+            .http
+            .post(format!("{}{path}", app.base))
+            .bearer_auth(token("f"))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_client_error(), "{path}: {}", r.status());
+    }
+    let r = app
+        .http
+        .post(format!("{}/v1/skus/h/claims", app.base))
+        .header("authorization", "Bearer \u{00e9}t\u{00e9}".as_bytes())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    // Still serving, and at most the per-user limit moved.
+    assert_eq!(
+        app.http
+            .get(format!("{}/healthz", app.base))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert!(app.held("h", "fuzzer").await <= 2);
+    assert_eq!(
+        app.stock("h").await.unwrap() + app.held("h", "fuzzer").await,
+        3
+    );
+}

@@ -1,7 +1,9 @@
 //! One integration binary; each module holds the tests of one behaviour area.
 
 mod admin;
+mod batches;
 mod claims;
+mod cli;
 mod durability;
 mod faults;
 mod helpers;
