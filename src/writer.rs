@@ -26,10 +26,8 @@ use crate::store::Store;
 pub const GROUP: &str = "writers";
 /// Entries read per SKU per round; also the largest insert batch.
 const READ_COUNT: usize = 2048;
-/// Without a wake-up, journals are polled this often (winners of other gateways).
-const POLL: Duration = Duration::from_millis(20);
-/// How often the list of SKUs to read is refreshed from the catalog.
-const SKU_REFRESH: Duration = Duration::from_secs(1);
+/// Every SKU of the catalog is read this often, wake-up or not.
+const SWEEP: Duration = Duration::from_millis(500);
 /// Retry pace of the writer itself while PostgreSQL or Redis is unreachable.
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
@@ -55,8 +53,9 @@ impl WriterSignal {
         self.wake.notify_one();
     }
 
-    fn skus(&self) -> Vec<String> {
-        self.skus.lock().iter().cloned().collect()
+    /// The SKUs signalled since the last call.
+    fn take(&self) -> HashSet<String> {
+        std::mem::take(&mut *self.skus.lock())
     }
 }
 
@@ -107,33 +106,45 @@ impl Writer {
     }
 
     /// Runs until `shutdown`, then drains what the journals hold once more and returns.
+    ///
+    /// SKUs that won on this gateway are read as soon as the claim path signals them; every
+    /// SKU of the catalog is swept once per [`SWEEP`] (winners of other gateways, entries of
+    /// dead ones, retries after a failure), so the cost of idle SKUs stays flat.
     pub async fn run(mut self, shutdown: CancellationToken) {
-        let mut skus: Vec<String> = Vec::new();
-        let mut skus_read_at: Option<Instant> = None;
+        let mut catalog_skus: Vec<String> = Vec::new();
+        let mut last_sweep: Option<Instant> = None;
         let mut last_autoclaim = Instant::now();
         let mut backoff = Duration::ZERO;
+        // SKUs whose last read came back full: more is waiting.
+        let mut unfinished: HashSet<String> = HashSet::new();
         loop {
             let stopping = shutdown.is_cancelled();
-            if stopping || skus_read_at.is_none_or(|t| t.elapsed() > SKU_REFRESH) {
+            let sweep = stopping
+                || !backoff.is_zero()
+                || last_sweep.is_none_or(|t| t.elapsed() > SWEEP);
+            let mut targets: HashSet<String> = self.signal.take();
+            targets.extend(unfinished.drain());
+            if sweep {
                 if let Ok(list) = catalog::all_ids(&self.db).await {
-                    skus = list;
-                    skus_read_at = Some(Instant::now());
+                    catalog_skus = list;
                 }
+                targets.extend(catalog_skus.iter().cloned());
+                last_sweep = Some(Instant::now());
             }
-            for sku in self.signal.skus() {
-                if !skus.contains(&sku) {
-                    skus.push(sku);
-                }
-            }
-            let autoclaim = last_autoclaim.elapsed() > self.claim_idle / 2;
+            let autoclaim = sweep && last_autoclaim.elapsed() > self.claim_idle / 2;
             if autoclaim {
                 last_autoclaim = Instant::now();
             }
             let mut moved = 0usize;
             let mut failed = false;
-            for sku in &skus {
+            for sku in &targets {
                 match self.pass(sku, autoclaim, !backoff.is_zero()).await {
-                    Ok(n) => moved += n,
+                    Ok(n) => {
+                        moved += n;
+                        if n >= READ_COUNT {
+                            unfinished.insert(sku.clone());
+                        }
+                    }
                     Err(e) => {
                         failed = true;
                         tracing::warn!(sku, error = %e, "writer pass failed; the journal keeps the winners");
@@ -151,10 +162,10 @@ impl Writer {
                 }
                 continue;
             }
-            if moved > 0 && !failed {
+            if !unfinished.is_empty() && !failed {
                 continue;
             }
-            let pause = if failed { backoff } else { POLL };
+            let pause = if failed { backoff } else { SWEEP };
             tokio::select! {
                 _ = self.signal.wake.notified(), if !failed => {}
                 _ = tokio::time::sleep(pause) => {}
