@@ -61,11 +61,15 @@ impl Application {
             .await
             .with_context(|| format!("binding {}", config.listen))?;
         let wake = Arc::new(WriterSignal::default());
-        let coalesce = std::env::var("DROPGATE_COALESCE").map_or(true, |v| v != "0");
         let state = Arc::new(AppState {
             catalog: Catalog::new(db.clone()),
             verifier: Verifier::new(&config.admission_secret, config.admin_token.clone()),
-            claims: ClaimService::new(store.clone(), coalesce, wake.clone()),
+            claims: ClaimService::new(
+                store.clone(),
+                config.coalesce,
+                config.max_queue,
+                wake.clone(),
+            ),
             metrics: crate::metrics::handle(),
             store: store.clone(),
             draining: AtomicBool::new(false),

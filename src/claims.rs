@@ -33,6 +33,8 @@ pub enum Outcome {
     SoldOut,
     LimitReached,
     KeyReused,
+    /// Shed before reaching Redis: too many claims already wait on this SKU. Nothing moved.
+    Shed,
 }
 
 /// A winning claim, as the 201 body shows it.
@@ -63,16 +65,19 @@ pub struct ClaimService {
     lanes: DashMap<String, Arc<Mutex<Lane>>>,
     /// Off: one script call per claim (kept for the benchmarks' side-by-side runs).
     coalesce: bool,
+    /// Claims allowed to wait on one SKU before new ones are shed (429).
+    max_queue: usize,
     /// Told after every win so the writer picks it up without polling delay.
     writer: Arc<WriterSignal>,
 }
 
 impl ClaimService {
-    pub fn new(store: Store, coalesce: bool, writer: Arc<WriterSignal>) -> Self {
+    pub fn new(store: Store, coalesce: bool, max_queue: usize, writer: Arc<WriterSignal>) -> Self {
         ClaimService {
             store,
             lanes: DashMap::new(),
             coalesce,
+            max_queue,
             writer,
         }
     }
@@ -132,6 +137,7 @@ impl ClaimService {
             Decision::KeyReused => Outcome::KeyReused,
             // Our own fresh id was fenced: only a resolver of this same id fences it, so this
             // is a broken invariant, answered as "Redis could not decide".
+            Decision::Shed => Outcome::Shed,
             Decision::Fenced => {
                 return Err(StoreError::Protocol("fresh claim id was fenced".into()))
             }
@@ -169,6 +175,9 @@ impl ClaimService {
         let (tx, rx) = oneshot::channel();
         let start_call = {
             let mut l = lane.lock();
+            if l.queue.len() >= self.max_queue {
+                return Ok(Decision::Shed);
+            }
             l.queue.push((input, tx));
             !std::mem::replace(&mut l.busy, true)
         };

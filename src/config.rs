@@ -32,6 +32,15 @@ pub const DEFAULT_REDIS_TIMEOUT_MS: &str = "250";
 pub const ENV_SHUTDOWN_GRACE_MS: &str = "DROPGATE_SHUTDOWN_GRACE_MS";
 pub const DEFAULT_SHUTDOWN_GRACE_MS: &str = "10000";
 
+/// "0" decides every claim in its own script call (for side-by-side benchmarks); otherwise
+/// claims that queue on one SKU while a call is in flight are decided together.
+pub const ENV_COALESCE: &str = "DROPGATE_COALESCE";
+pub const DEFAULT_COALESCE: &str = "1";
+/// Claims allowed to wait on one SKU; past it the gateway sheds load (429 `overloaded`)
+/// instead of letting latency grow without bound.
+pub const ENV_MAX_QUEUE: &str = "DROPGATE_MAX_QUEUE";
+pub const DEFAULT_MAX_QUEUE: &str = "4096";
+
 /// Backoff never grows past this, whatever the attempt count.
 pub const REPROCESS_BACKOFF_CAP: Duration = Duration::from_secs(60);
 /// Idempotency records and claim records live at least this long (API.md: at least 24 h).
@@ -87,6 +96,10 @@ pub struct RawConfig {
     pub redis_timeout_ms: String,
     #[arg(long, env = ENV_SHUTDOWN_GRACE_MS, default_value = DEFAULT_SHUTDOWN_GRACE_MS)]
     pub shutdown_grace_ms: String,
+    #[arg(long, env = ENV_COALESCE, default_value = DEFAULT_COALESCE)]
+    pub coalesce: String,
+    #[arg(long, env = ENV_MAX_QUEUE, default_value = DEFAULT_MAX_QUEUE)]
+    pub max_queue: String,
 }
 
 impl Default for RawConfig {
@@ -103,6 +116,8 @@ impl Default for RawConfig {
             journal_claim_idle_ms: DEFAULT_JOURNAL_CLAIM_IDLE_MS.into(),
             redis_timeout_ms: DEFAULT_REDIS_TIMEOUT_MS.into(),
             shutdown_grace_ms: DEFAULT_SHUTDOWN_GRACE_MS.into(),
+            coalesce: DEFAULT_COALESCE.into(),
+            max_queue: DEFAULT_MAX_QUEUE.into(),
         }
     }
 }
@@ -121,6 +136,8 @@ pub struct Config {
     pub journal_claim_idle: Duration,
     pub redis_timeout: Duration,
     pub shutdown_grace: Duration,
+    pub coalesce: bool,
+    pub max_queue: usize,
 }
 
 /// Every problem found in one pass over the configuration.
@@ -138,7 +155,13 @@ impl RawConfig {
         let listen = parse_listen(&self.listen)
             .map_err(|e| errors.push(format!("{ENV_LISTEN}={:?}: {e}", self.listen)))
             .ok();
-        if !self.redis_url.starts_with("redis://") && !self.redis_url.starts_with("rediss://") {
+        if self.redis_url.contains(',') {
+            errors.push(format!(
+                "{ENV_REDIS_URL}: Redis Cluster (several URLs) is not supported by this version; give one URL"
+            ));
+        } else if !self.redis_url.starts_with("redis://")
+            && !self.redis_url.starts_with("rediss://")
+        {
             errors.push(format!("{ENV_REDIS_URL}: expected a redis:// URL"));
         }
         if !self.database_url.starts_with("postgres://")
@@ -209,6 +232,8 @@ impl RawConfig {
         );
         let redis_timeout = num(ENV_REDIS_TIMEOUT_MS, &self.redis_timeout_ms, 10, 10_000);
         let grace = num(ENV_SHUTDOWN_GRACE_MS, &self.shutdown_grace_ms, 0, 600_000);
+        let coalesce = num(ENV_COALESCE, &self.coalesce, 0, 1) == 1;
+        let max_queue = num(ENV_MAX_QUEUE, &self.max_queue, 1, 1_000_000);
         match (errors.is_empty(), listen, secret) {
             (true, Some(listen), Some(admission_secret)) => Ok(Config {
                 listen,
@@ -222,6 +247,8 @@ impl RawConfig {
                 journal_claim_idle: Duration::from_millis(idle),
                 redis_timeout: Duration::from_millis(redis_timeout),
                 shutdown_grace: Duration::from_millis(grace),
+                coalesce,
+                max_queue: max_queue as usize,
             }),
             _ => Err(ConfigErrors(errors)),
         }

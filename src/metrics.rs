@@ -54,6 +54,7 @@ pub fn claim_decided(outcome: &Outcome, took: Duration) {
         Outcome::SoldOut => "sold_out",
         Outcome::LimitReached => "limit_reached",
         Outcome::KeyReused => "key_reused",
+        Outcome::Shed => "overloaded",
     };
     counter!("dropgate_claims_total", "outcome" => label).increment(1);
     histogram!("dropgate_claim_latency_seconds").record(took.as_secs_f64());

@@ -86,6 +86,8 @@ pub enum Decision {
     KeyReused,
     /// The claim id was fenced by a resolver after an earlier timeout; it did not win.
     Fenced,
+    /// Never sent to Redis: the gateway shed it (its SKU's queue was full).
+    Shed,
 }
 
 /// Decides `claims` (all on the SKU of `keys`) in order, in one script call.

@@ -119,9 +119,8 @@ impl Writer {
         let mut unfinished: HashSet<String> = HashSet::new();
         loop {
             let stopping = shutdown.is_cancelled();
-            let sweep = stopping
-                || !backoff.is_zero()
-                || last_sweep.is_none_or(|t| t.elapsed() > SWEEP);
+            let sweep =
+                stopping || !backoff.is_zero() || last_sweep.is_none_or(|t| t.elapsed() > SWEEP);
             let mut targets: HashSet<String> = self.signal.take();
             targets.extend(unfinished.drain());
             if sweep {

@@ -28,6 +28,8 @@ pub enum ApiError {
     SkuExists,
     InsufficientStock,
     StatePresent,
+    /// The gateway sheds load: 429 + Retry-After.
+    Overloaded,
     /// Redis could not decide (or lost the SKU): fail closed.
     Unavailable(StoreError),
     /// PostgreSQL could not answer an admin or lookup request.
@@ -89,6 +91,11 @@ impl ApiError {
                 StatusCode::CONFLICT,
                 "state_present",
                 "Redis still holds this SKU's state",
+            ),
+            Overloaded => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "overloaded",
+                "Too many claims waiting",
             ),
             Unavailable(_) | Database(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,

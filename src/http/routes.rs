@@ -103,6 +103,7 @@ async fn claim(state: &AppState, sku: &str, req: Request<Incoming>) -> Result<Re
         Outcome::SoldOut => return Err(ApiError::SoldOut),
         Outcome::LimitReached => return Err(ApiError::LimitReached),
         Outcome::KeyReused => return Err(ApiError::KeyReused),
+        Outcome::Shed => return Err(ApiError::Overloaded),
     };
     Ok(won_response(sku, &user, &won, replayed))
 }

@@ -172,3 +172,41 @@ async fn a_claim_whose_call_timed_out_is_settled_by_reading_not_by_sending_it_ag
     }
     assert_eq!(v["consistent"], true);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_sku_queue_sheds_claims_with_429_and_moves_nothing_for_them() {
+    let redis = PrivateRedis::start().await;
+    let app = spawn_app_with(|c| {
+        c.redis_url = redis.url();
+        c.max_queue = "8".into();
+    })
+    .await;
+    app.declare("shed", 100, 1).await;
+    let mut admin = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    // While Redis is paused, the first call hangs and everyone else queues behind it.
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(700)
+        .arg("ALL")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let results = release_buyers(&app.api, "shed", users("s", 40)).await;
+    let shed: Vec<&(u16, Value)> = results.iter().filter(|(s, _)| *s == 429).collect();
+    assert!(!shed.is_empty(), "nothing was shed");
+    assert!(shed.iter().all(|(_, b)| code(b) == "overloaded"));
+    let won = won_ids(&results).len();
+    assert_eq!(
+        won + shed.len(),
+        40,
+        "every claim was either decided or shed"
+    );
+    assert_eq!(app.stock("shed").await, Some(100 - won as i64));
+    let v = app.drained("shed").await;
+    assert_eq!(v["recorded"], won);
+    assert_eq!(v["consistent"], true);
+}
