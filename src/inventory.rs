@@ -5,12 +5,11 @@
 //! Redis accepted.
 
 use redis::AsyncCommands;
-use serde::Serialize;
-use sqlx::PgPool;
 
 use crate::catalog::{self, Catalog, Sku};
 use crate::config::RECORD_TTL_SECS;
 use crate::error::{DbError, StoreError};
+use crate::ledger::{view, SkuView};
 use crate::scripts::{self, Declared, SCRIPTS};
 use crate::store::Store;
 
@@ -40,31 +39,6 @@ impl From<sqlx::Error> for InventoryError {
     fn from(e: sqlx::Error) -> Self {
         InventoryError::Db(DbError::from(e))
     }
-}
-
-/// The SKU view of API.md.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct SkuView {
-    pub sku: String,
-    pub total: i64,
-    pub per_user_limit: i32,
-    pub hold_seconds: i32,
-    /// Redis stock; `None` when Redis is unreachable or lost the SKU.
-    pub remaining: Option<i64>,
-    pub recorded: i64,
-    /// Units decided by Redis and not yet written; `None` when Redis cannot tell.
-    pub in_flight: Option<i64>,
-    pub pending: i64,
-    pub compensated: i64,
-    pub consistent: bool,
-}
-
-/// Ledger sums of one SKU, in units.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, sqlx::FromRow)]
-pub struct LedgerSums {
-    pub recorded: i64,
-    pub pending: i64,
-    pub compensated: i64,
 }
 
 /// The result of a declare: whether the SKU is new (201) or already existed (200).
@@ -313,76 +287,4 @@ async fn live_claims(
     .bind(sku)
     .fetch_all(tx)
     .await
-}
-
-/// Units by state in the ledger.
-///
-/// # Errors
-/// The database error.
-pub async fn ledger_sums(db: &PgPool, sku: &str) -> Result<LedgerSums, DbError> {
-    Ok(sqlx::query_as(
-        "SELECT
-           (SELECT COALESCE(SUM(quantity), 0)::bigint FROM issuances
-             WHERE sku = $1 AND status IN ('issued', 'held', 'confirmed')) AS recorded,
-           (SELECT COALESCE(SUM(quantity), 0)::bigint FROM persistence_pending
-             WHERE sku = $1 AND status IN ('pending', 'reprocessing')) AS pending,
-           (SELECT COALESCE(SUM(quantity), 0)::bigint FROM persistence_pending
-             WHERE sku = $1 AND status = 'compensated') AS compensated",
-    )
-    .bind(sku)
-    .fetch_one(db)
-    .await?)
-}
-
-/// The SKU view. Redis and PostgreSQL are read one after the other while claims go on, so a
-/// snapshot can straddle a write; up to a few snapshots are taken until one balances.
-///
-/// # Errors
-/// [`Refusal::UnknownSku`] or the database error. An unreachable Redis is not an error here:
-/// `remaining` is then `None` and the view is not consistent.
-pub async fn view(store: &Store, catalog: &Catalog, sku: &str) -> Result<SkuView, InventoryError> {
-    let db = catalog.db();
-    let row = catalog::fetch(db, sku)
-        .await?
-        .ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
-    let keys = store.keys(sku);
-    let mut last = None;
-    for _ in 0..5 {
-        let mut con = store.hot();
-        let redis_side: Option<(Option<i64>, Option<i64>)> = store
-            .bounded(async {
-                Ok(redis::cmd("HMGET")
-                    .arg(keys.state())
-                    .arg("stock")
-                    .arg("inflight")
-                    .query_async(&mut con)
-                    .await?)
-            })
-            .await
-            .ok();
-        let (remaining, in_flight) = redis_side.unwrap_or((None, None));
-        let sums = ledger_sums(db, sku).await?;
-        let consistent = match (remaining, in_flight) {
-            (Some(r), Some(f)) => row.total == r + sums.recorded + f + sums.pending,
-            _ => false,
-        };
-        let v = SkuView {
-            sku: row.sku.clone(),
-            total: row.total,
-            per_user_limit: row.per_user_limit,
-            hold_seconds: row.hold_seconds,
-            remaining,
-            recorded: sums.recorded,
-            in_flight,
-            pending: sums.pending,
-            compensated: sums.compensated,
-            consistent,
-        };
-        if consistent || remaining.is_none() {
-            return Ok(v);
-        }
-        last = Some(v);
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    Ok(last.expect("the loop ran at least once"))
 }

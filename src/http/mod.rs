@@ -4,6 +4,7 @@
 //! and serves it with a builder whose timer is set, without which the header-read timeout
 //! (the slowloris guard) silently does nothing.
 
+mod admin;
 mod problem;
 mod routes;
 

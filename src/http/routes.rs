@@ -10,14 +10,15 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use super::admin;
 use super::problem::{ApiError, Body};
 use crate::app::AppState;
 use crate::catalog::valid_sku_id;
 use crate::claims::{Outcome, WonClaim};
 use crate::config::MAX_BODY_BYTES;
-use crate::{inventory, ledger, metrics as m};
+use crate::{ledger, metrics as m};
 
-type Result<T> = std::result::Result<T, ApiError>;
+pub(super) type Result<T> = std::result::Result<T, ApiError>;
 
 pub async fn handle(state: &AppState, req: Request<Incoming>) -> Response<Body> {
     match route(state, req).await {
@@ -35,11 +36,13 @@ async fn route(state: &AppState, req: Request<Incoming>) -> Result<Response<Body
         (["v1", "skus", _, "claims"], _) => Err(ApiError::MethodNotAllowed("POST")),
         (["v1", "claims", id], &Method::GET) => get_claim(state, id, &req).await,
         (["v1", "claims", _], _) => Err(ApiError::MethodNotAllowed("GET")),
-        (["admin", "skus", sku], &Method::PUT) => declare(state, sku, req).await,
-        (["admin", "skus", sku], &Method::GET) => sku_view(state, sku, &req).await,
+        (["admin", "skus", sku], &Method::PUT) => admin::declare(state, sku, req).await,
+        (["admin", "skus", sku], &Method::GET) => admin::sku_view(state, sku, &req).await,
         (["admin", "skus", _], _) => Err(ApiError::MethodNotAllowed("GET, PUT")),
-        (["admin", "skus", sku, "restock"], &Method::POST) => restock(state, sku, req).await,
-        (["admin", "skus", sku, "restore"], &Method::POST) => restore(state, sku, &req).await,
+        (["admin", "skus", sku, "restock"], &Method::POST) => admin::restock(state, sku, req).await,
+        (["admin", "skus", sku, "restore"], &Method::POST) => {
+            admin::restore(state, sku, &req).await
+        }
         (["admin", "skus", _, "restock" | "restore"], _) => Err(ApiError::MethodNotAllowed("POST")),
         (["healthz"], &Method::GET) => Ok(json(StatusCode::OK, &Status { status: "ok" })),
         (["readyz"], &Method::GET) => Ok(readyz(state).await),
@@ -167,99 +170,6 @@ async fn get_claim(state: &AppState, id: &str, req: &Request<Incoming>) -> Resul
     Ok(json(StatusCode::OK, &claim))
 }
 
-// === admin ===
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DeclareBody {
-    total: i64,
-    per_user_limit: Option<i64>,
-    hold_seconds: Option<i64>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RestockBody {
-    delta: i64,
-}
-
-/// Largest total or delta accepted: far above any drop, far below overflow in Lua's doubles.
-const MAX_UNITS: i64 = 1_000_000_000_000;
-
-async fn declare(state: &AppState, sku: &str, req: Request<Incoming>) -> Result<Response<Body>> {
-    admin(state, &req)?;
-    check_sku(sku)?;
-    let body: DeclareBody = parse(&read_body(req).await?)?;
-    let limit = body.per_user_limit.unwrap_or(1);
-    let hold = body.hold_seconds.unwrap_or(0);
-    if !(0..=MAX_UNITS).contains(&body.total) {
-        return Err(ApiError::BadRequest(format!(
-            "total must be in 0..={MAX_UNITS}"
-        )));
-    }
-    if !(1..=1_000_000).contains(&limit) {
-        return Err(ApiError::BadRequest(
-            "per_user_limit must be in 1..=1000000".into(),
-        ));
-    }
-    if hold != 0 {
-        return Err(ApiError::BadRequest(
-            "holds (hold_seconds > 0) are not supported by this version".into(),
-        ));
-    }
-    let d = inventory::declare(
-        &state.store,
-        &state.catalog,
-        sku,
-        body.total,
-        limit as i32,
-        hold as i32,
-    )
-    .await?;
-    let status = if d.created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    Ok(json(status, &d.view))
-}
-
-async fn sku_view(state: &AppState, sku: &str, req: &Request<Incoming>) -> Result<Response<Body>> {
-    admin(state, req)?;
-    check_sku(sku)?;
-    let v = inventory::view(&state.store, &state.catalog, sku).await?;
-    Ok(json(StatusCode::OK, &v))
-}
-
-async fn restock(state: &AppState, sku: &str, req: Request<Incoming>) -> Result<Response<Body>> {
-    admin(state, &req)?;
-    check_sku(sku)?;
-    let body: RestockBody = parse(&read_body(req).await?)?;
-    if body.delta.abs() > MAX_UNITS {
-        return Err(ApiError::BadRequest(format!(
-            "|delta| must be at most {MAX_UNITS}"
-        )));
-    }
-    let v = inventory::restock(&state.store, &state.catalog, sku, body.delta).await?;
-    Ok(json(StatusCode::OK, &v))
-}
-
-async fn restore(state: &AppState, sku: &str, req: &Request<Incoming>) -> Result<Response<Body>> {
-    admin(state, req)?;
-    check_sku(sku)?;
-    let force = match req.uri().query() {
-        None | Some("") | Some("force=false") => false,
-        Some("force=true") => true,
-        Some(_) => {
-            return Err(ApiError::BadRequest(
-                "the only parameter is force=true".into(),
-            ))
-        }
-    };
-    let v = inventory::restore(&state.store, &state.catalog, sku, force).await?;
-    Ok(json(StatusCode::OK, &v))
-}
-
 // === operations ===
 
 #[derive(Serialize)]
@@ -312,7 +222,7 @@ fn metrics(state: &AppState) -> Response<Body> {
 
 // === helpers ===
 
-fn admin(state: &AppState, req: &Request<Incoming>) -> Result<()> {
+pub(super) fn admin(state: &AppState, req: &Request<Incoming>) -> Result<()> {
     if state.verifier.is_admin(header(req, AUTHORIZATION.as_str())) {
         Ok(())
     } else {
@@ -320,7 +230,7 @@ fn admin(state: &AppState, req: &Request<Incoming>) -> Result<()> {
     }
 }
 
-fn check_sku(sku: &str) -> Result<()> {
+pub(super) fn check_sku(sku: &str) -> Result<()> {
     if valid_sku_id(sku) {
         Ok(())
     } else {
@@ -330,12 +240,12 @@ fn check_sku(sku: &str) -> Result<()> {
     }
 }
 
-fn header<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
+pub(super) fn header<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
     req.headers().get(name).and_then(|v| v.to_str().ok())
 }
 
 /// Reads the body, refusing more than 16 KiB before reading it when the length is declared.
-async fn read_body(req: Request<Incoming>) -> Result<Bytes> {
+pub(super) async fn read_body(req: Request<Incoming>) -> Result<Bytes> {
     let declared = req
         .headers()
         .get(CONTENT_LENGTH)
@@ -356,12 +266,12 @@ async fn read_body(req: Request<Incoming>) -> Result<Bytes> {
     }
 }
 
-fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T> {
+pub(super) fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T> {
     serde_json::from_slice(body)
         .map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))
 }
 
-fn json<T: Serialize>(status: StatusCode, body: &T) -> Response<Body> {
+pub(super) fn json<T: Serialize>(status: StatusCode, body: &T) -> Response<Body> {
     let bytes = serde_json::to_vec(body).unwrap_or_default();
     let mut resp = Response::new(Full::new(Bytes::from(bytes)));
     *resp.status_mut() = status;

@@ -130,18 +130,7 @@ async fn a_claim_whose_call_timed_out_is_settled_by_reading_not_by_sending_it_ag
     app.declare("slow", 5, 1).await;
     // Freeze every client of this Redis for 600 ms: the claim's call times out (250 ms) while
     // it is still queued, then runs when the pause ends.
-    let mut admin = redis::Client::open(redis.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let _: () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(600)
-        .arg("ALL")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    redis.pause(600).await;
     let started = Instant::now();
     let r = app.claim("slow", "patient", 1, Some("k")).await;
     let took = started.elapsed();
@@ -182,19 +171,8 @@ async fn a_full_sku_queue_sheds_claims_with_429_and_moves_nothing_for_them() {
     })
     .await;
     app.declare("shed", 100, 1).await;
-    let mut admin = redis::Client::open(redis.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
     // While Redis is paused, the first call hangs and everyone else queues behind it.
-    let _: () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(700)
-        .arg("ALL")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    redis.pause(700).await;
     let results = release_buyers(&app.api, "shed", users("s", 40)).await;
     let shed: Vec<&(u16, Value)> = results.iter().filter(|(s, _)| *s == 429).collect();
     assert!(!shed.is_empty(), "nothing was shed");

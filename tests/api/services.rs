@@ -86,6 +86,22 @@ impl PrivateRedis {
         .await;
     }
 
+    /// Freezes every client of this Redis for `ms` (CLIENT PAUSE ... ALL): calls queue, then run.
+    pub async fn pause(&self, ms: u64) {
+        let mut admin = redis::Client::open(self.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let _: () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(ms)
+            .arg("ALL")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+    }
+
     /// SIGKILL: no shutdown, no save.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {

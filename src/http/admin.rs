@@ -1,0 +1,117 @@
+//! Operator routes: declare, view, restock, restore. All need the admin token.
+
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use serde::Deserialize;
+
+use super::problem::{ApiError, Body};
+use super::routes::{admin, check_sku, json, parse, read_body, Result};
+use crate::app::AppState;
+use crate::{inventory, ledger};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeclareBody {
+    total: i64,
+    per_user_limit: Option<i64>,
+    hold_seconds: Option<i64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RestockBody {
+    delta: i64,
+}
+
+/// Largest total or delta accepted: far above any drop, far below overflow in Lua's doubles.
+const MAX_UNITS: i64 = 1_000_000_000_000;
+
+pub(super) async fn declare(
+    state: &AppState,
+    sku: &str,
+    req: Request<Incoming>,
+) -> Result<Response<Body>> {
+    admin(state, &req)?;
+    check_sku(sku)?;
+    let body: DeclareBody = parse(&read_body(req).await?)?;
+    let limit = body.per_user_limit.unwrap_or(1);
+    let hold = body.hold_seconds.unwrap_or(0);
+    if !(0..=MAX_UNITS).contains(&body.total) {
+        return Err(ApiError::BadRequest(format!(
+            "total must be in 0..={MAX_UNITS}"
+        )));
+    }
+    if !(1..=1_000_000).contains(&limit) {
+        return Err(ApiError::BadRequest(
+            "per_user_limit must be in 1..=1000000".into(),
+        ));
+    }
+    if hold != 0 {
+        return Err(ApiError::BadRequest(
+            "holds (hold_seconds > 0) are not supported by this version".into(),
+        ));
+    }
+    let d = inventory::declare(
+        &state.store,
+        &state.catalog,
+        sku,
+        body.total,
+        limit as i32,
+        hold as i32,
+    )
+    .await?;
+    let status = if d.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok(json(status, &d.view))
+}
+
+pub(super) async fn sku_view(
+    state: &AppState,
+    sku: &str,
+    req: &Request<Incoming>,
+) -> Result<Response<Body>> {
+    admin(state, req)?;
+    check_sku(sku)?;
+    let v = ledger::view(&state.store, &state.catalog, sku).await?;
+    Ok(json(StatusCode::OK, &v))
+}
+
+pub(super) async fn restock(
+    state: &AppState,
+    sku: &str,
+    req: Request<Incoming>,
+) -> Result<Response<Body>> {
+    admin(state, &req)?;
+    check_sku(sku)?;
+    let body: RestockBody = parse(&read_body(req).await?)?;
+    if body.delta.abs() > MAX_UNITS {
+        return Err(ApiError::BadRequest(format!(
+            "|delta| must be at most {MAX_UNITS}"
+        )));
+    }
+    let v = inventory::restock(&state.store, &state.catalog, sku, body.delta).await?;
+    Ok(json(StatusCode::OK, &v))
+}
+
+pub(super) async fn restore(
+    state: &AppState,
+    sku: &str,
+    req: &Request<Incoming>,
+) -> Result<Response<Body>> {
+    admin(state, req)?;
+    check_sku(sku)?;
+    let force = match req.uri().query() {
+        None | Some("") | Some("force=false") => false,
+        Some("force=true") => true,
+        Some(_) => {
+            return Err(ApiError::BadRequest(
+                "the only parameter is force=true".into(),
+            ))
+        }
+    };
+    let v = inventory::restore(&state.store, &state.catalog, sku, force).await?;
+    Ok(json(StatusCode::OK, &v))
+}

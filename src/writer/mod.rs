@@ -1,0 +1,228 @@
+//! The batched writer: moves winners from each SKU's journal (a Redis Stream appended by
+//! claim.lua in the same atomic step as the decrement) into PostgreSQL's `issuances`.
+//!
+//! Delivery is at least once and the insert is idempotent (`ON CONFLICT (claim_id) DO
+//! NOTHING`), so every winner is written exactly once: an entry is acknowledged only after the
+//! commit that holds it, and entries left unacknowledged by a gateway that died are taken over
+//! with XAUTOCLAIM once they have been idle for `journal_claim_idle`.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::catalog;
+use crate::error::{DbError, StoreError};
+use crate::metrics as m;
+use crate::store::Store;
+
+mod journal;
+mod postgres;
+
+pub use postgres::write_batch;
+
+/// Entries read per SKU per round; also the largest insert batch.
+const READ_COUNT: usize = 2048;
+/// Every SKU of the catalog is read this often, wake-up or not.
+const SWEEP: Duration = Duration::from_millis(500);
+/// Retry pace of the writer itself while PostgreSQL or Redis is unreachable.
+const BACKOFF_MIN: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// How the claim path tells the writer that winners are waiting: a wake-up, and the SKUs
+/// that won since, so a SKU declared a moment ago is read before the next catalog refresh.
+#[derive(Default)]
+pub struct WriterSignal {
+    wake: Notify,
+    skus: parking_lot::Mutex<HashSet<String>>,
+}
+
+impl WriterSignal {
+    /// Called after a win. Takes the lock only to check a small set; allocates only for a SKU
+    /// the writer has not been told about yet.
+    pub fn won(&self, sku: &str) {
+        {
+            let mut skus = self.skus.lock();
+            if !skus.contains(sku) {
+                skus.insert(sku.to_string());
+            }
+        }
+        self.wake.notify_one();
+    }
+
+    /// The SKUs signalled since the last call.
+    fn take(&self) -> HashSet<String> {
+        std::mem::take(&mut *self.skus.lock())
+    }
+}
+
+/// One winner as the journal holds it.
+#[derive(Debug, Clone)]
+pub struct Winner {
+    /// Stream entry id, acknowledged after the commit.
+    pub entry_id: String,
+    pub claim_id: Uuid,
+    pub sku: String,
+    pub user: String,
+    pub quantity: i32,
+    pub idempotency_key: Option<String>,
+    pub remaining_after: Option<i64>,
+    pub created_ms: i64,
+}
+
+/// Moves journaled winners into PostgreSQL.
+pub struct Writer {
+    store: Store,
+    db: PgPool,
+    /// This process's consumer name in the group; a restarted gateway is a new consumer and
+    /// its predecessor's unacknowledged entries are taken over by idle time.
+    consumer: String,
+    /// Woken by the claim path after a win, so a winner is written within milliseconds.
+    signal: Arc<WriterSignal>,
+    claim_idle: Duration,
+    /// Delay before a parked row's first retry (DROPGATE_REPROCESS_BACKOFF_MS).
+    first_retry: Duration,
+}
+
+impl Writer {
+    pub fn new(
+        store: Store,
+        db: PgPool,
+        signal: Arc<WriterSignal>,
+        claim_idle: Duration,
+        first_retry: Duration,
+    ) -> Self {
+        Writer {
+            store,
+            db,
+            consumer: format!("gw-{}", Uuid::new_v4().simple()),
+            signal,
+            claim_idle,
+            first_retry,
+        }
+    }
+
+    /// Runs until `shutdown`, then drains what the journals hold once more and returns.
+    ///
+    /// SKUs that won on this gateway are read as soon as the claim path signals them; every
+    /// SKU of the catalog is swept once per [`SWEEP`] (winners of other gateways, entries of
+    /// dead ones, retries after a failure), so the cost of idle SKUs stays flat.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        let mut catalog_skus: Vec<String> = Vec::new();
+        let mut last_sweep: Option<Instant> = None;
+        let mut last_autoclaim = Instant::now();
+        let mut backoff = Duration::ZERO;
+        // SKUs whose last read came back full: more is waiting.
+        let mut unfinished: HashSet<String> = HashSet::new();
+        loop {
+            let stopping = shutdown.is_cancelled();
+            let sweep =
+                stopping || !backoff.is_zero() || last_sweep.is_none_or(|t| t.elapsed() > SWEEP);
+            let mut targets: HashSet<String> = self.signal.take();
+            targets.extend(unfinished.drain());
+            if sweep {
+                if let Ok(list) = catalog::all_ids(&self.db).await {
+                    catalog_skus = list;
+                }
+                targets.extend(catalog_skus.iter().cloned());
+                last_sweep = Some(Instant::now());
+            }
+            let autoclaim = sweep && last_autoclaim.elapsed() > self.claim_idle / 2;
+            if autoclaim {
+                last_autoclaim = Instant::now();
+            }
+            let mut moved = 0usize;
+            let mut failed = false;
+            for sku in &targets {
+                match self.pass(sku, autoclaim, !backoff.is_zero()).await {
+                    Ok(n) => {
+                        moved += n;
+                        if n >= READ_COUNT {
+                            unfinished.insert(sku.clone());
+                        }
+                    }
+                    Err(e) => {
+                        failed = true;
+                        tracing::warn!(sku, error = %e, "writer pass failed; the journal keeps the winners");
+                    }
+                }
+            }
+            if failed {
+                backoff = (backoff * 2).clamp(BACKOFF_MIN, BACKOFF_MAX);
+            } else {
+                backoff = Duration::ZERO;
+            }
+            if stopping {
+                if moved == 0 || failed {
+                    break;
+                }
+                continue;
+            }
+            if !unfinished.is_empty() && !failed {
+                continue;
+            }
+            let pause = if failed { backoff } else { SWEEP };
+            tokio::select! {
+                _ = self.signal.wake.notified(), if !failed => {}
+                _ = tokio::time::sleep(pause) => {}
+                _ = shutdown.cancelled() => {}
+            }
+        }
+        tracing::info!(consumer = %self.consumer, "writer stopped");
+    }
+
+    /// Reads one SKU's journal and writes what it holds. `own_pending` re-reads entries this
+    /// consumer took but could not write (after a failure), before new ones.
+    async fn pass(
+        &mut self,
+        sku: &str,
+        autoclaim: bool,
+        own_pending: bool,
+    ) -> Result<usize, WriteError> {
+        let mut winners = Vec::new();
+        if autoclaim {
+            winners.extend(
+                journal::autoclaim(&self.store, &self.consumer, self.claim_idle, sku).await?,
+            );
+        }
+        if own_pending {
+            winners.extend(journal::read(&self.store, &self.consumer, sku, "0").await?);
+        }
+        if winners.is_empty() {
+            winners = journal::read(&self.store, &self.consumer, sku, ">").await?;
+        }
+        if winners.is_empty() {
+            return Ok(0);
+        }
+        // The same entry may come from two reads above; write it once.
+        winners.sort_by(|a, b| a.entry_id.cmp(&b.entry_id));
+        winners.dedup_by(|a, b| a.entry_id == b.entry_id);
+        let started = Instant::now();
+        write_batch(&self.db, &winners, self.first_retry).await?;
+        m::writer_batch(winners.len(), started.elapsed());
+        let now = crate::claims::now_ms();
+        for w in &winners {
+            m::journal_lag(Duration::from_millis((now - w.created_ms).max(0) as u64));
+        }
+        journal::ack(&self.store, sku, &winners).await?;
+        Ok(winners.len())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+impl From<sqlx::Error> for WriteError {
+    fn from(e: sqlx::Error) -> Self {
+        WriteError::Db(DbError::from(e))
+    }
+}

@@ -1,0 +1,90 @@
+//! Writing winners to PostgreSQL: one UNNEST insert per batch, split on refusal so the good
+//! rows land, refused rows parked in `persistence_pending` for the reprocessor.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+use super::Winner;
+use crate::error::DbError;
+use crate::metrics as m;
+
+const INSERT_ISSUANCES: &str = "INSERT INTO issuances
+      (claim_id, sku, user_id, quantity, idempotency_key, remaining_after, created_at)
+    SELECT c, s, u, q, k, r, to_timestamp(ms::double precision / 1000)
+      FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::int8[], $7::int8[])
+        AS t(c, s, u, q, k, r, ms)
+    ON CONFLICT (claim_id) DO NOTHING";
+
+/// Inserts winners in one statement; when PostgreSQL refuses the batch, splits it so the good
+/// rows land, and moves each refused row to `persistence_pending` with the database's reason.
+///
+/// # Errors
+/// A retryable database error (unreachable): nothing is acknowledged and the batch is tried
+/// again later.
+pub async fn write_batch(
+    db: &PgPool,
+    winners: &[Winner],
+    first_retry: Duration,
+) -> Result<(), DbError> {
+    let mut stack: Vec<&[Winner]> = vec![winners];
+    while let Some(chunk) = stack.pop() {
+        match insert(db, chunk).await {
+            Ok(()) => {}
+            Err(e) if e.is_retryable() => return Err(e),
+            Err(e) if chunk.len() == 1 => {
+                m::writer_refused(1);
+                park(db, &chunk[0], &e.to_string(), first_retry).await?;
+            }
+            Err(_) => {
+                let (a, b) = chunk.split_at(chunk.len() / 2);
+                stack.push(b);
+                stack.push(a);
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn insert(db: &PgPool, rows: &[Winner]) -> Result<(), DbError> {
+    sqlx::query(INSERT_ISSUANCES)
+        .bind(rows.iter().map(|w| w.claim_id).collect::<Vec<_>>())
+        .bind(rows.iter().map(|w| w.sku.as_str()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|w| w.user.as_str()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|w| w.quantity).collect::<Vec<_>>())
+        .bind(
+            rows.iter()
+                .map(|w| w.idempotency_key.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(rows.iter().map(|w| w.remaining_after).collect::<Vec<_>>())
+        .bind(rows.iter().map(|w| w.created_ms).collect::<Vec<_>>())
+        .execute(db)
+        .await?;
+    Ok(())
+}
+
+/// Records a winner PostgreSQL refused, for the reprocessing loop.
+async fn park(db: &PgPool, w: &Winner, reason: &str, first_retry: Duration) -> Result<(), DbError> {
+    tracing::warn!(claim_id = %w.claim_id, sku = %w.sku, reason, "postgres refused a winner; parked in persistence_pending");
+    sqlx::query(
+        "INSERT INTO persistence_pending
+           (claim_id, sku, user_id, quantity, idempotency_key, remaining_after, created_at,
+            failure_reason, next_attempt_at)
+         VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7::double precision / 1000), $8,
+                 now() + make_interval(secs => $9::double precision / 1000))
+         ON CONFLICT (claim_id) DO NOTHING",
+    )
+    .bind(w.claim_id)
+    .bind(&w.sku)
+    .bind(&w.user)
+    .bind(w.quantity)
+    .bind(&w.idempotency_key)
+    .bind(w.remaining_after)
+    .bind(w.created_ms)
+    .bind(reason)
+    .bind(first_retry.as_millis() as f64)
+    .execute(db)
+    .await?;
+    Ok(())
+}
