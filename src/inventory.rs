@@ -203,6 +203,15 @@ pub async fn restore(
     if present && !force {
         return Err(InventoryError::Refused(Refusal::StatePresent));
     }
+    if present {
+        // Close the SKU first (claims fail closed), so the ledger stops moving under us.
+        store
+            .bounded(async { Ok(con.del::<_, ()>(keys.state()).await?) })
+            .await?;
+    }
+    // Winners decided before the close must be in the ledger before it is read, or their units
+    // would be counted nowhere (and sold again).
+    wait_for_empty_journal(store, &keys).await?;
     let live = live_claims(&mut tx, sku).await?;
     // Idempotency records first: the state hash appears last, so no claim is decided before a
     // retry of a live claim would replay.
@@ -235,13 +244,12 @@ pub async fn restore(
     inv.key(keys.state())
         .key(keys.users())
         .key(keys.journal())
-        .arg(if force { "1" } else { "0" })
         .arg(row.total - units)
         .arg(row.per_user_limit);
     for (user, n) in &held {
         inv.arg(*user).arg(*n);
     }
-    let (applied, _, _): (i64, i64, i64) = store
+    let applied: i64 = store
         .bounded(async { Ok(inv.invoke_async(&mut con).await?) })
         .await?;
     if applied != 1 {
@@ -260,6 +268,35 @@ pub async fn restore(
         "restored the SKU's Redis state from the ledger"
     );
     view(store, catalog, sku).await
+}
+
+/// How long a restore waits for the writer to empty the SKU's journal.
+const JOURNAL_DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(15);
+
+async fn wait_for_empty_journal(
+    store: &Store,
+    keys: &crate::keys::SkuKeys,
+) -> Result<(), StoreError> {
+    let deadline = tokio::time::Instant::now() + JOURNAL_DRAIN_LIMIT;
+    loop {
+        let mut con = store.hot();
+        let len: i64 = store
+            .bounded(async { Ok(con.xlen(keys.journal()).await?) })
+            .await?;
+        if len == 0 {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            tracing::warn!(
+                journal = len,
+                "restore gave up waiting for the writer; the SKU stays closed"
+            );
+            return Err(StoreError::Unavailable(format!(
+                "{len} winners not yet written"
+            )));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
 #[derive(sqlx::FromRow)]

@@ -188,3 +188,21 @@ async fn a_full_sku_queue_sheds_claims_with_429_and_moves_nothing_for_them() {
     assert_eq!(v["recorded"], won);
     assert_eq!(v["consistent"], true);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_restore_during_a_drop_neither_resells_nor_forgets_a_winner() {
+    let app = spawn_app().await;
+    app.declare("force", 30, 1).await;
+    let first = release_buyers(&app.api, "force", users("f", 10)).await;
+    assert_eq!(won_ids(&first).len(), 10);
+    // Straight away: some winners may still be in the journal, not yet in the ledger.
+    let r = app.restore("force", true).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["remaining"], 20);
+    let rest = release_buyers(&app.api, "force", users("g", 60)).await;
+    assert_eq!(won_ids(&rest).len(), 20);
+    let v = app.drained("force").await;
+    assert_eq!(v["recorded"], 30);
+    assert_eq!(v["remaining"], 0);
+    assert_eq!(v["consistent"], true);
+}
