@@ -24,6 +24,7 @@
 --   {4, held}                               per-user limit would be passed
 --   {5}                                     idempotency key reused with another request
 --   {6}                                     the claim id was fenced by resolve_claim.lua
+--                                           (checked only when it would have won)
 --
 -- Invariant: stock never goes below 0 and a user's count never passes `limit`; every unit that
 -- leaves stock is, in the same step, journaled (XADD) and counted in `inflight`, so a crash of
@@ -45,9 +46,7 @@ for i = 0, n - 1 do
   if idem ~= '' then
     prior = redis.call('GET', idem_key)
   end
-  if redis.call('EXISTS', claim_key) == 1 then
-    out[i + 1] = {6}
-  elseif prior then
+  if prior then
     -- record: claim_id|quantity|remaining|created_ms
     local pid, pqty, prem, pms = string.match(prior, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
     if tonumber(pqty) == qty then
@@ -62,16 +61,20 @@ for i = 0, n - 1 do
     elseif qty > stock then
       out[i + 1] = {3, stock}
     else
-      stock = stock - qty
-      redis.call('HINCRBY', users, user, qty)
-      local record = id .. '|' .. qty .. '|' .. stock .. '|' .. now
-      redis.call('SET', claim_key, record, 'EX', ttl)
-      if idem ~= '' then
-        redis.call('SET', idem_key, record, 'EX', ttl)
+      local record = id .. '|' .. qty .. '|' .. (stock - qty) .. '|' .. now
+      -- NX: a resolver that gave up on this id has fenced it ("void"); it must not win now.
+      if not redis.call('SET', claim_key, record, 'NX', 'EX', ttl) then
+        out[i + 1] = {6}
+      else
+        stock = stock - qty
+        redis.call('HINCRBY', users, user, qty)
+        if idem ~= '' then
+          redis.call('SET', idem_key, record, 'EX', ttl)
+        end
+        redis.call('XADD', journal, '*', 'id', id, 'user', user, 'qty', qty, 'idem', idem, 'ms', now,
+          'rem', stock)
+        out[i + 1] = {1, stock}
       end
-      redis.call('XADD', journal, '*', 'id', id, 'user', user, 'qty', qty, 'idem', idem, 'ms', now,
-        'rem', stock)
-      out[i + 1] = {1, stock}
     end
   end
 end

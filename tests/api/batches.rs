@@ -145,3 +145,42 @@ async fn a_batch_on_a_lost_sku_changes_nothing() {
         .unwrap();
     assert_eq!(exists, 0);
 }
+
+#[tokio::test]
+async fn a_fenced_claim_id_can_no_longer_win_and_moves_nothing() {
+    let (mut con, keys) = seeded(3, 1).await;
+    let late = input("late", 1, Some("k"));
+    // The resolver of a timed-out call found nothing and fenced the id...
+    assert_eq!(
+        scripts::resolve_claim(&mut con, &keys, &late.claim_id)
+            .await
+            .unwrap(),
+        None
+    );
+    // ...so the original call, arriving afterwards, is refused without touching stock.
+    let d = scripts::claim(&mut con, &keys, std::slice::from_ref(&late), 1)
+        .await
+        .unwrap();
+    assert_eq!(d, vec![Decision::Fenced]);
+    let stock: i64 = redis::cmd("HGET")
+        .arg(keys.state())
+        .arg("stock")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(stock, 3);
+    assert_eq!(journal_len(&mut con, &keys).await, 0);
+    // A winner's record is what the resolver reads back.
+    let won = input("w", 1, None);
+    scripts::claim(&mut con, &keys, std::slice::from_ref(&won), 1)
+        .await
+        .unwrap();
+    let rec = scripts::resolve_claim(&mut con, &keys, &won.claim_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (rec.claim_id, rec.quantity, rec.remaining),
+        (won.claim_id, 1, 2)
+    );
+}
