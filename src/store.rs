@@ -54,6 +54,9 @@ impl Store {
         let pool = bb8::Pool::builder()
             .max_size(8)
             .connection_timeout(timeout * 4)
+            // A failed call already surfaces a dead connection; a PING per checkout would
+            // double the round trips of every journal read.
+            .test_on_check_out(false)
             .build_unchecked(RedisConnectionManager::new(url)?);
         let store = Store {
             prefix: prefix.to_string(),
