@@ -54,9 +54,10 @@ impl Store {
         let pool = bb8::Pool::builder()
             .max_size(8)
             .connection_timeout(timeout * 4)
-            // A failed call already surfaces a dead connection; a PING per checkout would
-            // double the round trips of every journal read.
-            .test_on_check_out(false)
+            // Keep bb8's PING on checkout: a multiplexed connection cannot report itself
+            // broken, so without it a Redis restart would leave dead sockets in the pool
+            // and the writer failing forever (tests/api/faults.rs caught exactly that).
+            .test_on_check_out(true)
             .build_unchecked(RedisConnectionManager::new(url)?);
         let store = Store {
             prefix: prefix.to_string(),
