@@ -14,7 +14,7 @@ use crate::error::DbError;
 /// per second, while a SKU declared on another gateway becomes visible quickly.
 const NEGATIVE_TTL: Duration = Duration::from_secs(1);
 /// A cached SKU is re-read in the background after this long (limits changed elsewhere).
-const REFRESH_AFTER: Duration = Duration::from_secs(5);
+pub const REFRESH_AFTER: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
 pub struct Sku {
@@ -36,13 +36,20 @@ enum Entry {
 pub struct Catalog {
     db: PgPool,
     cache: Arc<DashMap<String, Entry>>,
+    /// Age after which a cached row is re-read in the background ([`REFRESH_AFTER`]).
+    refresh_after: Duration,
 }
 
 impl Catalog {
     pub fn new(db: PgPool) -> Self {
+        Self::with_refresh_after(db, REFRESH_AFTER)
+    }
+
+    pub fn with_refresh_after(db: PgPool, refresh_after: Duration) -> Self {
         Catalog {
             db,
             cache: Arc::new(DashMap::new()),
+            refresh_after,
         }
     }
 
@@ -51,19 +58,23 @@ impl Catalog {
     /// # Errors
     /// The database error when the cache cannot answer and PostgreSQL is unreachable.
     pub async fn get(&self, sku: &str) -> Result<Option<Arc<Sku>>, DbError> {
-        if let Some(e) = self.cache.get(sku) {
-            match &*e {
-                Entry::Known(s, at) => {
-                    if at.elapsed() > REFRESH_AFTER {
-                        self.refresh_in_background(sku);
-                    }
-                    return Ok(Some(s.clone()));
+        // Copy out and drop the shard guard before anything else touches the map: a DashMap
+        // guard held across `get_mut` on the same shard deadlocks the worker thread.
+        let hit = self.cache.get(sku).and_then(|e| match &*e {
+            Entry::Known(s, at) => Some(Some((s.clone(), at.elapsed() > self.refresh_after))),
+            Entry::Unknown(at) if at.elapsed() < NEGATIVE_TTL => Some(None),
+            Entry::Unknown(_) => None,
+        });
+        match hit {
+            Some(Some((s, stale))) => {
+                if stale {
+                    self.refresh_in_background(sku);
                 }
-                Entry::Unknown(at) if at.elapsed() < NEGATIVE_TTL => return Ok(None),
-                Entry::Unknown(_) => {}
+                Ok(Some(s))
             }
+            Some(None) => Ok(None),
+            None => self.load(sku).await,
         }
-        self.load(sku).await
     }
 
     /// Reads the SKU from PostgreSQL and caches the answer.

@@ -2,6 +2,7 @@
 
 mod admin;
 mod batches;
+mod catalog;
 mod claims;
 mod cli;
 mod durability;

@@ -1,0 +1,196 @@
+//! Makes goose's HTML report render its charts offline.
+//!
+//! goose 0.19 writes `<script src="https://cdn.jsdelivr.net/npm/echarts@5.2.2/dist/echarts.min.js">`
+//! into the report's head, so its charts stay blank where that CDN cannot be reached. This
+//! replaces that element with the same file, vendored from the npm package `echarts@5.2.2`
+//! (see `vendor/README.md`). The whole build is needed: besides line charts with a time axis,
+//! toolbox, legend and data zoom, the report's latency heatmap draws a `custom` series on a
+//! log axis, which the smaller `echarts.common` and `echarts.simple` builds leave out.
+
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use goose::config::{GooseConfiguration, RUN_FOLDER};
+
+/// The version goose 0.19 references; a report naming another one is left alone.
+pub const ECHARTS_VERSION: &str = "5.2.2";
+const ECHARTS_JS: &str = include_str!("../vendor/echarts-5.2.2.min.js");
+/// Marks a report already processed, so running twice changes nothing.
+const INLINED_MARK: &str = "<!-- echarts inlined by dropgate-loadtest -->";
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum InlineError {
+    /// No `<script src=...echarts...>` and no mark of an earlier run.
+    NoReference,
+    /// The report wants another ECharts than the vendored one.
+    OtherVersion(String),
+}
+
+impl std::fmt::Display for InlineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            InlineError::NoReference => f.write_str("the report references no ECharts script"),
+            InlineError::OtherVersion(src) => write!(
+                f,
+                "the report loads {src}, not ECharts {ECHARTS_VERSION}: vendor that version"
+            ),
+        }
+    }
+}
+
+/// Replaces the report's ECharts `<script src>` element with the vendored script.
+///
+/// # Errors
+/// [`InlineError`] when the report references no ECharts, or another version of it.
+pub fn inline_charts(html: &str) -> Result<String, InlineError> {
+    let Some((start, end, src)) = find_echarts_script(html) else {
+        return if html.contains(INLINED_MARK) {
+            Ok(html.to_string())
+        } else {
+            Err(InlineError::NoReference)
+        };
+    };
+    if !src.contains(&format!("echarts@{ECHARTS_VERSION}/")) {
+        return Err(InlineError::OtherVersion(src.to_string()));
+    }
+    let mut out = String::with_capacity(html.len() + ECHARTS_JS.len() + 256);
+    out.push_str(&html[..start]);
+    out.push_str(INLINED_MARK);
+    out.push_str("\n    <script>/* Apache ECharts ");
+    out.push_str(ECHARTS_VERSION);
+    out.push_str(" (Apache-2.0), was ");
+    out.push_str(src);
+    out.push_str(" */\n");
+    out.push_str(ECHARTS_JS);
+    out.push_str("\n</script>");
+    out.push_str(&html[end..]);
+    Ok(out)
+}
+
+/// The byte range of the first `<script src="...echarts...">` `</script>` pair, and its src.
+fn find_echarts_script(html: &str) -> Option<(usize, usize, &str)> {
+    let mut from = 0;
+    while let Some(rel) = html[from..].find("<script src=\"") {
+        let start = from + rel;
+        let src_start = start + "<script src=\"".len();
+        let src_len = html[src_start..].find('"')?;
+        let src = &html[src_start..src_start + src_len];
+        let close = html[src_start + src_len..].find("</script>")?;
+        let end = src_start + src_len + close + "</script>".len();
+        if src.contains("echarts") {
+            return Some((start, end, src));
+        }
+        from = end;
+    }
+    None
+}
+
+/// The HTML reports this run wrote: every `--report-file` ending in .html or .htm, and for a
+/// `--report-file` given without a path, the `report.html` of the run's folder written since
+/// `since` (goose picks the folder: `--output-dir`, or `goose-runs/<start time>`, with `-2`,
+/// `-3`, ... when taken).
+pub fn html_reports(config: &GooseConfiguration, since: SystemTime) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = config
+        .report_file
+        .iter()
+        .filter(|f| *f != RUN_FOLDER)
+        .map(PathBuf::from)
+        .filter(|p| {
+            p.extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| e.eq_ignore_ascii_case("html") || e.eq_ignore_ascii_case("htm"))
+        })
+        .collect();
+    if config.report_file.iter().any(|f| f == RUN_FOLDER) {
+        let (parent, prefix) = match config.output_dir.as_deref().filter(|d| !d.is_empty()) {
+            Some(dir) => {
+                let dir = Path::new(dir);
+                let parent = dir
+                    .parent()
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .unwrap_or(Path::new("."));
+                let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+                (parent.to_path_buf(), name)
+            }
+            None => (PathBuf::from("goose-runs"), None),
+        };
+        if let Some(found) = newest_run_report(&parent, prefix.as_deref(), since) {
+            out.push(found);
+        }
+    }
+    out
+}
+
+fn newest_run_report(parent: &Path, prefix: Option<&str>, since: SystemTime) -> Option<PathBuf> {
+    std::fs::read_dir(parent)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            prefix.is_none_or(|p| name == p || name.starts_with(&format!("{p}-")))
+        })
+        .map(|e| e.path().join("report.html"))
+        .filter_map(|p| {
+            let modified = std::fs::metadata(&p).ok()?.modified().ok()?;
+            (modified >= since).then_some((modified, p))
+        })
+        .max()
+        .map(|(_, p)| p)
+}
+
+/// Inlines ECharts into one report file, in place.
+///
+/// # Errors
+/// A sentence naming the file and what went wrong.
+pub fn inline_file(path: &Path) -> Result<(), String> {
+    let html = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let out = inline_charts(&html).map_err(|e| format!("{}: {e}", path.display()))?;
+    if out != html {
+        std::fs::write(path, out).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REPORT: &str = r#"<head><style></style>
+    <script src="https://cdn.jsdelivr.net/npm/echarts@5.2.2/dist/echarts.min.js"></script>
+</head><body><script type="text/javascript">var c = echarts.init(d);</script></body>"#;
+
+    #[test]
+    fn the_cdn_script_is_replaced_by_the_vendored_one() {
+        let out = inline_charts(REPORT).unwrap();
+        assert!(!out.contains("<script src="));
+        assert!(out.contains(ECHARTS_JS));
+        assert!(out.ends_with("var c = echarts.init(d);</script></body>"));
+    }
+
+    #[test]
+    fn inlining_twice_changes_nothing() {
+        let once = inline_charts(REPORT).unwrap();
+        assert_eq!(inline_charts(&once).unwrap(), once);
+    }
+
+    #[test]
+    fn another_version_or_no_reference_is_refused() {
+        let other = REPORT.replace("5.2.2", "5.4.0");
+        assert!(matches!(
+            inline_charts(&other),
+            Err(InlineError::OtherVersion(_))
+        ));
+        assert_eq!(
+            inline_charts("<html></html>"),
+            Err(InlineError::NoReference)
+        );
+    }
+
+    #[test]
+    fn the_vendored_script_cannot_end_its_script_element_early() {
+        let lower = ECHARTS_JS.to_ascii_lowercase();
+        assert!(!lower.contains("</script"));
+        assert!(!lower.contains("<!--"));
+        assert!(ECHARTS_JS.contains("echarts"));
+    }
+}
