@@ -3,12 +3,12 @@
 -- KEYS[1]        the SKU state hash {stock, limit, inflight}      <prefix>:{<sku>}:state
 -- KEYS[2]        per-user unit counts (hash user -> units held)   <prefix>:{<sku>}:users
 -- KEYS[3]        the winners' journal (stream, group "writers")   <prefix>:{<sku>}:journal
--- per claim i (0-based), two keys:
--- KEYS[4+2i]     the claim record, keyed by the gateway-minted claim id
--- KEYS[5+2i]     the idempotency record (the claim key again when the request has none)
+-- KEYS[4]        the claim records hash of the 10-minute bucket all these claim ids fall in
+--                <prefix>:{<sku>}:claims:<bucket>, field = claim id
+-- KEYS[5..]      the idempotency records, one for each claim that has a key, in claim order
 --
 -- ARGV[1]        now, unix milliseconds
--- ARGV[2]        record TTL in seconds (claim and idempotency records)
+-- ARGV[2]        record TTL in seconds (claim records and idempotency records)
 -- ARGV[3]        n, the number of claims
 -- per claim i, four values:
 -- ARGV[4+4i]     claim id (UUIDv7, minted before the call)
@@ -17,14 +17,19 @@
 -- ARGV[7+4i]     Idempotency-Key value, or "" for none
 --
 -- Returns {"lost"} when the SKU state is missing (Redis lost it: the caller fails closed and
--- nothing is written). Otherwise an array of n results, each a flat array:
---   {1, remaining}                          won
---   {2, claim_id, quantity, remaining, ms}  replay of an earlier win under the same key
---   {3, remaining}                          sold out (not enough stock; no partial fill)
---   {4, held}                               per-user limit would be passed
---   {5}                                     idempotency key reused with another request
---   {6}                                     the claim id was fenced by resolve_claim.lua
---                                           (checked only when it would have won)
+-- nothing is written). Otherwise a flat array of 2n values, a (code, value) pair per claim:
+--   1, remaining     won
+--   2, record        replay of an earlier win under the same key (the record below)
+--   3, remaining     sold out (not enough stock; no partial fill)
+--   4, held          per-user limit would be passed
+--   5, 0             idempotency key reused with another request
+--   6, 0             the claim id was fenced by resolve_claim.lua (checked only when it would
+--                    have won)
+--
+-- A winner's record, "claim_id|quantity|created_ms|remaining|len(user)|user idem" (the user id
+-- length-prefixed, the Idempotency-Key the rest), is written once and used three times: as its
+-- claim record (read back by resolve_claim.lua), its idempotency record, and its journal entry
+-- (field c).
 --
 -- Invariant: stock never goes below 0 and a user's count never passes `limit`; every unit that
 -- leaves stock is, in the same step, journaled (XADD) and counted in `inflight`, so a crash of
@@ -37,43 +42,58 @@ local now, ttl, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local stock = tonumber(redis.call('HGET', state, 'stock'))
 local limit = tonumber(redis.call('HGET', state, 'limit'))
 local start_stock = stock
+-- Counts of the users seen in this call: read once, written once at the end.
+local held, changed = {}, {}
+local records = KEYS[4]
+local next_idem = 5
 local out = {}
 for i = 0, n - 1 do
-  local claim_key, idem_key = KEYS[4 + 2 * i], KEYS[5 + 2 * i]
   local id, user = ARGV[4 + 4 * i], ARGV[5 + 4 * i]
   local qty, idem = tonumber(ARGV[6 + 4 * i]), ARGV[7 + 4 * i]
-  local prior = false
+  local idem_key, prior = nil, false
   if idem ~= '' then
+    idem_key = KEYS[next_idem]
+    next_idem = next_idem + 1
     prior = redis.call('GET', idem_key)
   end
   if prior then
-    -- record: claim_id|quantity|remaining|created_ms
-    local pid, pqty, prem, pms = string.match(prior, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
+    local pqty = string.match(prior, '^[^|]*|([^|]*)|')
     if tonumber(pqty) == qty then
-      out[i + 1] = {2, pid, tonumber(pqty), tonumber(prem), tonumber(pms)}
+      out[#out + 1] = 2
+      out[#out + 1] = prior
     else
-      out[i + 1] = {5}
+      out[#out + 1] = 5
+      out[#out + 1] = 0
     end
   else
-    local held = tonumber(redis.call('HGET', users, user) or '0')
-    if held + qty > limit then
-      out[i + 1] = {4, held}
+    local h = held[user]
+    if h == nil then
+      h = tonumber(redis.call('HGET', users, user) or '0')
+      held[user] = h
+    end
+    if h + qty > limit then
+      out[#out + 1] = 4
+      out[#out + 1] = h
     elseif qty > stock then
-      out[i + 1] = {3, stock}
+      out[#out + 1] = 3
+      out[#out + 1] = stock
     else
-      local record = id .. '|' .. qty .. '|' .. (stock - qty) .. '|' .. now
+      local record = id .. '|' .. qty .. '|' .. now .. '|' .. (stock - qty) .. '|' .. #user .. '|'
+        .. user .. idem
       -- NX: a resolver that gave up on this id has fenced it ("void"); it must not win now.
-      if not redis.call('SET', claim_key, record, 'NX', 'EX', ttl) then
-        out[i + 1] = {6}
+      if redis.call('HSETNX', records, id, record) == 0 then
+        out[#out + 1] = 6
+        out[#out + 1] = 0
       else
         stock = stock - qty
-        redis.call('HINCRBY', users, user, qty)
-        if idem ~= '' then
+        held[user] = h + qty
+        changed[user] = true
+        if idem_key then
           redis.call('SET', idem_key, record, 'EX', ttl)
         end
-        redis.call('XADD', journal, '*', 'id', id, 'user', user, 'qty', qty, 'idem', idem, 'ms', now,
-          'rem', stock)
-        out[i + 1] = {1, stock}
+        redis.call('XADD', journal, '*', 'c', record)
+        out[#out + 1] = 1
+        out[#out + 1] = stock
       end
     end
   end
@@ -81,5 +101,12 @@ end
 if stock ~= start_stock then
   redis.call('HSET', state, 'stock', stock)
   redis.call('HINCRBY', state, 'inflight', start_stock - stock)
+  local counts = {}
+  for user in pairs(changed) do
+    counts[#counts + 1] = user
+    counts[#counts + 1] = held[user]
+  end
+  redis.call('HSET', users, unpack(counts))
+  redis.call('EXPIRE', records, ttl)
 end
 return out

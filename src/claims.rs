@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use crate::error::StoreError;
+use crate::keys::bucket_of;
 use crate::metrics as m;
 use crate::scripts::{self, ClaimInput, Decision};
 use crate::store::Store;
@@ -232,7 +233,15 @@ async fn drain_lane(store: Store, sku: String, lane: Arc<Mutex<Lane>>) {
                 l.busy = false;
                 return;
             }
-            let take = l.queue.len().min(MAX_BATCH);
+            // One call holds claims of one records bucket (claim.lua's KEYS[4]); a batch
+            // that straddles the 10-minute boundary leaves the later ids for the next call.
+            let bucket = bucket_of(&l.queue[0].0.claim_id);
+            let take = l
+                .queue
+                .iter()
+                .take(MAX_BATCH)
+                .take_while(|(c, _)| bucket_of(&c.claim_id) == bucket)
+                .count();
             l.queue.drain(..take).collect()
         };
         let (inputs, replies): (Vec<ClaimInput>, Vec<Reply>) = batch.into_iter().unzip();

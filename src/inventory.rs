@@ -10,7 +10,7 @@ use crate::catalog::{self, Catalog, Sku};
 use crate::config::RECORD_TTL_SECS;
 use crate::error::{DbError, StoreError};
 use crate::ledger::{view, SkuView};
-use crate::scripts::{self, Declared, SCRIPTS};
+use crate::scripts::{self, ClaimRecord, Declared, SCRIPTS};
 use crate::store::Store;
 
 /// An operator request refused for a business reason (409/404), not a fault.
@@ -223,12 +223,13 @@ pub async fn restore(
         units += c.quantity;
         *held.entry(c.user_id.as_str()).or_default() += c.quantity;
         if let Some(k) = &c.idempotency_key {
-            let record = format!(
-                "{}|{}|{}|{}",
-                c.claim_id,
+            let record = ClaimRecord::render(
+                &c.claim_id,
                 c.quantity,
+                c.created_at.timestamp_millis(),
                 c.remaining_after.unwrap_or(0),
-                c.created_at.timestamp_millis()
+                &c.user_id,
+                k,
             );
             pipe.set_ex(keys.idempotency(&c.user_id, k), record, RECORD_TTL_SECS)
                 .ignore();

@@ -1,6 +1,18 @@
 //! Redis key names. Every key of a SKU carries the SKU's hash tag, `{<sku>}`, so all of a
 //! SKU's keys live in one Cluster slot and one script may touch them together.
 
+/// Width of a claim-records bucket.
+const CLAIM_BUCKET_MS: u64 = 10 * 60 * 1000;
+
+/// The claim-records bucket of a claim id: the 10-minute slot of its UUIDv7 timestamp.
+pub fn bucket_of(claim_id: &uuid::Uuid) -> u64 {
+    let ms = claim_id.get_timestamp().map_or(0, |t| {
+        let (secs, nanos) = t.to_unix();
+        secs * 1000 + u64::from(nanos / 1_000_000)
+    });
+    ms / CLAIM_BUCKET_MS
+}
+
 /// The key names of one SKU under one gateway prefix.
 #[derive(Debug, Clone)]
 pub struct SkuKeys {
@@ -30,9 +42,17 @@ impl SkuKeys {
         format!("{}journal", self.head)
     }
 
-    /// The outcome record of one claim id, read back when a call's outcome is uncertain.
+    /// The hash holding the outcome record of `claim_id` (field = the claim id), read back
+    /// when a call's outcome is uncertain. Records are grouped by the 10-minute bucket of the
+    /// UUIDv7's timestamp: one field per claim is far cheaper in Redis than one key with its
+    /// own expiry, and the bucket's key expires as a whole.
     pub fn claim(&self, claim_id: &uuid::Uuid) -> String {
-        format!("{}claim:{}", self.head, claim_id.simple())
+        self.claims_bucket(bucket_of(claim_id))
+    }
+
+    /// The claim-records hash of one bucket (see [`bucket_of`]).
+    pub fn claims_bucket(&self, bucket: u64) -> String {
+        format!("{}claims:{}", self.head, bucket)
     }
 
     /// The idempotency record of one key of one user. The user id is length-prefixed so that
@@ -65,6 +85,14 @@ mod tests {
         ] {
             assert!(key.starts_with("dg:{drop-1}:"), "{key}");
         }
+    }
+
+    #[test]
+    fn claims_minted_together_share_a_records_bucket() {
+        let k = SkuKeys::new("dg", "s");
+        let (a, b) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+        assert_eq!(k.claim(&a), k.claim(&b));
+        assert_ne!(k.claim(&a), k.claim(&uuid::Uuid::nil()));
     }
 
     #[test]

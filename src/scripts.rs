@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use crate::config::RECORD_TTL_SECS;
 use crate::error::StoreError;
-use crate::keys::SkuKeys;
+use crate::keys::{bucket_of, SkuKeys};
 
 /// The script registry; the SHA1 of each is computed once.
 pub struct Scripts {
@@ -90,7 +90,8 @@ pub enum Decision {
     Shed,
 }
 
-/// Decides `claims` (all on the SKU of `keys`) in order, in one script call.
+/// Decides `claims` (all on the SKU of `keys`, all ids in one records bucket: see
+/// [`crate::keys::bucket_of`]) in order, in one script call.
 ///
 /// # Errors
 /// [`StoreError::SkuLost`] when Redis holds no state for the SKU (nothing was written), or the
@@ -101,19 +102,27 @@ pub async fn claim<C: ConnectionLike>(
     claims: &[ClaimInput],
     now_ms: i64,
 ) -> Result<Vec<Decision>, StoreError> {
+    let Some(first) = claims.first() else {
+        return Ok(Vec::new());
+    };
+    let bucket = bucket_of(&first.claim_id);
+    if claims.iter().any(|c| bucket_of(&c.claim_id) != bucket) {
+        return Err(StoreError::Protocol(
+            "claims span two record buckets".into(),
+        ));
+    }
     let mut inv = SCRIPTS.claim.prepare_invoke();
     inv.key(keys.state())
         .key(keys.users())
         .key(keys.journal())
+        .key(keys.claims_bucket(bucket))
         .arg(now_ms)
         .arg(RECORD_TTL_SECS)
         .arg(claims.len());
     for c in claims {
-        let claim_key = keys.claim(&c.claim_id);
-        match &c.idempotency_key {
-            Some(k) => inv.key(&claim_key).key(keys.idempotency(&c.user, k)),
-            None => inv.key(&claim_key).key(&claim_key),
-        };
+        if let Some(k) = &c.idempotency_key {
+            inv.key(keys.idempotency(&c.user, k));
+        }
         inv.arg(c.claim_id.to_string())
             .arg(&c.user)
             .arg(c.quantity)
@@ -133,50 +142,53 @@ fn parse_claim_reply(reply: Value, n: usize) -> Result<Vec<Decision>, StoreError
             return Err(StoreError::SkuLost);
         }
     }
-    if items.len() != n {
+    if items.len() != 2 * n {
         return Err(StoreError::Protocol(format!(
-            "claim: {} results for {n} claims",
+            "claim: {} values for {n} claims",
             items.len()
         )));
     }
-    items.into_iter().map(parse_decision).collect()
+    items
+        .chunks_exact(2)
+        .map(|pair| parse_decision(&pair[0], &pair[1]))
+        .collect()
 }
 
-fn parse_decision(v: Value) -> Result<Decision, StoreError> {
-    let bad = |v: &Value| StoreError::Protocol(format!("claim result {v:?}"));
-    let Value::Array(f) = &v else {
-        return Err(bad(&v));
+fn parse_decision(code: &Value, value: &Value) -> Result<Decision, StoreError> {
+    let bad = || StoreError::Protocol(format!("claim result {code:?} {value:?}"));
+    let int = |v: &Value| match v {
+        Value::Int(n) => Ok(*n),
+        _ => Err(bad()),
     };
-    let int = |i: usize| match f.get(i) {
-        Some(Value::Int(n)) => Ok(*n),
-        _ => Err(bad(&v)),
-    };
-    Ok(match int(0)? {
-        1 => Decision::Won { remaining: int(1)? },
+    Ok(match int(code)? {
+        1 => Decision::Won {
+            remaining: int(value)?,
+        },
         2 => {
-            let id = match f.get(1) {
-                Some(Value::BulkString(b)) => std::str::from_utf8(b)
-                    .ok()
-                    .and_then(|s| Uuid::parse_str(s).ok())
-                    .ok_or_else(|| bad(&v))?,
-                _ => return Err(bad(&v)),
-            };
+            let rec = match value {
+                Value::BulkString(b) => std::str::from_utf8(b).ok().and_then(ClaimRecord::parse),
+                _ => None,
+            }
+            .ok_or_else(bad)?;
             Decision::Replay {
-                claim_id: id,
-                quantity: u32::try_from(int(2)?).map_err(|_| bad(&v))?,
-                remaining: int(3)?,
-                created_ms: int(4)?,
+                claim_id: rec.claim_id,
+                quantity: rec.quantity,
+                remaining: rec.remaining,
+                created_ms: rec.created_ms,
             }
         }
-        3 => Decision::SoldOut { remaining: int(1)? },
-        4 => Decision::LimitReached { held: int(1)? },
+        3 => Decision::SoldOut {
+            remaining: int(value)?,
+        },
+        4 => Decision::LimitReached { held: int(value)? },
         5 => Decision::KeyReused,
         6 => Decision::Fenced,
-        _ => return Err(bad(&v)),
+        _ => return Err(bad()),
     })
 }
 
-/// A claim record as claim.lua stores it: `claim_id|quantity|remaining|created_ms`.
+/// A winner's record as claim.lua stores it:
+/// `claim_id|quantity|created_ms|remaining|len(user)|user idem`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimRecord {
     pub claim_id: Uuid,
@@ -187,14 +199,34 @@ pub struct ClaimRecord {
 
 impl ClaimRecord {
     pub fn parse(raw: &str) -> Option<ClaimRecord> {
-        let mut it = raw.split('|');
-        let rec = ClaimRecord {
-            claim_id: Uuid::parse_str(it.next()?).ok()?,
-            quantity: it.next()?.parse().ok()?,
-            remaining: it.next()?.parse().ok()?,
-            created_ms: it.next()?.parse().ok()?,
-        };
-        it.next().is_none().then_some(rec)
+        let mut it = raw.splitn(6, '|');
+        let claim_id = Uuid::parse_str(it.next()?).ok()?;
+        let quantity = it.next()?.parse().ok()?;
+        let created_ms = it.next()?.parse().ok()?;
+        let remaining = it.next()?.parse().ok()?;
+        let user_len: usize = it.next()?.parse().ok()?;
+        it.next()?.get(..user_len)?;
+        Some(ClaimRecord {
+            claim_id,
+            quantity,
+            remaining,
+            created_ms,
+        })
+    }
+
+    /// Renders the record claim.lua would have written (restore rebuilds idempotency records).
+    pub fn render(
+        claim_id: &Uuid,
+        quantity: i64,
+        created_ms: i64,
+        remaining: i64,
+        user: &str,
+        idem: &str,
+    ) -> String {
+        format!(
+            "{claim_id}|{quantity}|{created_ms}|{remaining}|{}|{user}{idem}",
+            user.len()
+        )
     }
 }
 
@@ -210,6 +242,7 @@ pub async fn resolve_claim<C: ConnectionLike>(
     let raw: Option<String> = SCRIPTS
         .resolve_claim
         .key(keys.claim(claim_id))
+        .arg(claim_id.to_string())
         .arg(RECORD_TTL_SECS)
         .invoke_async(con)
         .await?;
@@ -286,11 +319,13 @@ mod tests {
     #[test]
     fn claim_records_round_trip_and_reject_garbage() {
         let id = Uuid::now_v7();
-        let rec = ClaimRecord::parse(&format!("{id}|2|40|1700000000000")).unwrap();
+        let raw = ClaimRecord::render(&id, 2, 1_700_000_000_000, 40, "u|1", "key");
+        let rec = ClaimRecord::parse(&raw).unwrap();
         assert_eq!(rec.claim_id, id);
-        assert_eq!(rec.quantity, 2);
+        assert_eq!((rec.quantity, rec.remaining), (2, 40));
+        assert_eq!(rec.created_ms, 1_700_000_000_000);
         assert!(ClaimRecord::parse("void").is_none());
-        assert!(ClaimRecord::parse(&format!("{id}|2|40|1|extra")).is_none());
+        assert!(ClaimRecord::parse(&format!("{id}|2|40|1|9|short")).is_none());
     }
 
     #[test]

@@ -111,30 +111,37 @@ fn parse_entry(sku: &str, v: Value) -> Option<Winner> {
         return None;
     };
     let entry_id = as_string(parts.pop()?)?;
-    let mut w = Winner {
-        entry_id,
-        claim_id: Uuid::nil(),
-        sku: sku.to_string(),
-        user: String::new(),
-        quantity: 0,
-        idempotency_key: None,
-        remaining_after: None,
-        created_ms: 0,
-    };
     let mut it = fields.into_iter();
     while let (Some(k), Some(v)) = (it.next(), it.next()) {
-        let (k, v) = (as_string(k)?, as_string(v)?);
-        match k.as_str() {
-            "id" => w.claim_id = Uuid::parse_str(&v).ok()?,
-            "user" => w.user = v,
-            "qty" => w.quantity = v.parse().ok()?,
-            "idem" if !v.is_empty() => w.idempotency_key = Some(v),
-            "ms" => w.created_ms = v.parse().ok()?,
-            "rem" => w.remaining_after = v.parse().ok(),
-            _ => {}
+        if as_string(k).as_deref() == Some("c") {
+            return parse_packed(sku, entry_id, &as_string(v)?);
         }
     }
-    (!w.claim_id.is_nil() && w.quantity > 0).then_some(w)
+    None
+}
+
+/// Unpacks a winner's record `claim_id|quantity|ms|remaining|len(user)|user idem` (see
+/// claim.lua).
+fn parse_packed(sku: &str, entry_id: String, c: &str) -> Option<Winner> {
+    let mut head = c.splitn(6, '|');
+    let claim_id = Uuid::parse_str(head.next()?).ok()?;
+    let quantity: i32 = head.next()?.parse().ok()?;
+    let created_ms: i64 = head.next()?.parse().ok()?;
+    let remaining_after: Option<i64> = head.next()?.parse().ok();
+    let user_len: usize = head.next()?.parse().ok()?;
+    let rest = head.next()?;
+    let user = rest.get(..user_len)?.to_string();
+    let idem = rest.get(user_len..)?;
+    (quantity > 0).then(|| Winner {
+        entry_id,
+        claim_id,
+        sku: sku.to_string(),
+        user,
+        quantity,
+        idempotency_key: (!idem.is_empty()).then(|| idem.to_string()),
+        remaining_after,
+        created_ms,
+    })
 }
 
 fn as_string(v: Value) -> Option<String> {
@@ -158,4 +165,22 @@ pub async fn ack(store: &Store, sku: &str, winners: &[Winner]) -> Result<(), Sto
         .bounded(async { Ok(inv.invoke_async::<i64>(&mut con).await?) })
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_entries_keep_separators_inside_user_and_key() {
+        let id = Uuid::now_v7();
+        let w = parse_packed("s", "1-0".into(), &format!("{id}|2|1700|40|3|a|bk|ey")).unwrap();
+        assert_eq!((w.claim_id, w.quantity, w.created_ms), (id, 2, 1700));
+        assert_eq!(w.remaining_after, Some(40));
+        assert_eq!(w.user, "a|b");
+        assert_eq!(w.idempotency_key.as_deref(), Some("k|ey"));
+        let w = parse_packed("s", "1-0".into(), &format!("{id}|1|1|0|1|u")).unwrap();
+        assert_eq!((w.user.as_str(), w.idempotency_key), ("u", None));
+        assert!(parse_packed("s", "1-0".into(), &format!("{id}|1|1|0|9|u")).is_none());
+    }
 }

@@ -184,3 +184,27 @@ async fn a_fenced_claim_id_can_no_longer_win_and_moves_nothing() {
         (won.claim_id, 1, 2)
     );
 }
+
+#[tokio::test]
+async fn huge_stock_and_limits_decide_like_small_ones() {
+    let (mut con, keys) = seeded(1_000_000_000_000, 1_000_000).await;
+    let d = scripts::claim(
+        &mut con,
+        &keys,
+        &[input("u", 1, None), input("u", 5, Some("k"))],
+        1,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        d,
+        vec![
+            Decision::Won {
+                remaining: 999_999_999_999
+            },
+            Decision::Won {
+                remaining: 999_999_999_994
+            }
+        ]
+    );
+}
