@@ -136,9 +136,9 @@ impl ClaimService {
             Decision::SoldOut { .. } => Outcome::SoldOut,
             Decision::LimitReached { .. } => Outcome::LimitReached,
             Decision::KeyReused => Outcome::KeyReused,
+            Decision::Shed => Outcome::Shed,
             // Our own fresh id was fenced: only a resolver of this same id fences it, so this
             // is a broken invariant, answered as "Redis could not decide".
-            Decision::Shed => Outcome::Shed,
             Decision::Fenced => {
                 return Err(StoreError::Protocol("fresh claim id was fenced".into()))
             }

@@ -10,7 +10,7 @@ use crate::catalog::{self, Catalog, Sku};
 use crate::config::RECORD_TTL_SECS;
 use crate::error::{DbError, StoreError};
 use crate::ledger::{view, SkuView};
-use crate::scripts::{self, ClaimRecord, Declared, SCRIPTS};
+use crate::scripts::{self, ClaimRecord, Declared, Restocked, SCRIPTS};
 use crate::store::Store;
 
 /// An operator request refused for a business reason (409/404), not a fault.
@@ -119,7 +119,12 @@ pub async fn declare(
     })
 }
 
-/// Adds `delta` to the total and to the remaining stock, as one step on both stores.
+/// Adds `delta` to the total and to the remaining stock.
+///
+/// The two stores move in the order that can only undersell if the gateway dies in between:
+/// a positive delta grows the catalog total first, then the stock; a negative one shrinks the
+/// stock first (where the "not below 0" check lives), then the total. The Redis step carries
+/// an operation id, so it moves the stock at most once and an uncertain answer is read back.
 ///
 /// # Errors
 /// [`Refusal::UnknownSku`], [`Refusal::InsufficientStock`], or infrastructure errors.
@@ -129,7 +134,11 @@ pub async fn restock(
     sku: &str,
     delta: i64,
 ) -> Result<SkuView, InventoryError> {
-    let mut tx = catalog.db().begin().await?;
+    let db = catalog.db();
+    let keys = store.keys(sku);
+    let mut con = store.hot();
+    let op = uuid::Uuid::now_v7();
+    let mut tx = db.begin().await?;
     let total: Option<i64> = sqlx::query_scalar("SELECT total FROM skus WHERE sku = $1 FOR UPDATE")
         .bind(sku)
         .fetch_optional(&mut *tx)
@@ -138,36 +147,62 @@ pub async fn restock(
     if total + delta < 0 {
         return Err(InventoryError::Refused(Refusal::InsufficientStock));
     }
-    let keys = store.keys(sku);
-    let mut con = store.hot();
-    if store
-        .bounded(scripts::restock(&mut con, &keys, delta))
-        .await?
-        .is_err()
-    {
-        return Err(InventoryError::Refused(Refusal::InsufficientStock));
-    }
-    let committed = async {
-        sqlx::query("UPDATE skus SET total = total + $2, updated_at = now() WHERE sku = $1")
-            .bind(sku)
-            .bind(delta)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await
-    }
-    .await;
-    if let Err(e) = committed {
-        // Redis moved and PostgreSQL did not: move Redis back so the two agree again.
-        if let Err(undo) = store
-            .bounded(scripts::restock(&mut con, &keys, -delta))
-            .await
-        {
-            tracing::error!(sku, delta, error = %undo, "restock could not be undone in Redis; run reconcile");
+    if delta >= 0 {
+        add_total(&mut tx, sku, delta).await?;
+        tx.commit().await?;
+        match scripts::restock(&mut con, &keys, &op, delta, store.timeout()).await {
+            Ok(Restocked::Applied(_)) => {}
+            outcome => {
+                // Redis did not (and now cannot) take the units: take them off the total again.
+                let undo = add_total(&mut *db.acquire().await?, sku, -delta).await;
+                if undo.is_err() || !matches!(outcome, Ok(Restocked::NotApplied)) {
+                    tracing::error!(
+                        sku,
+                        delta,
+                        "restock half done: total grown, stock unknown; run reconcile"
+                    );
+                }
+                return Err(outcome.err().unwrap_or(StoreError::Timeout).into());
+            }
         }
-        return Err(e.into());
+    } else {
+        match scripts::restock(&mut con, &keys, &op, delta, store.timeout()).await? {
+            Restocked::Applied(_) => {}
+            Restocked::Refused => return Err(InventoryError::Refused(Refusal::InsufficientStock)),
+            Restocked::NotApplied => return Err(StoreError::Timeout.into()),
+        }
+        let committed = async {
+            add_total(&mut tx, sku, delta).await?;
+            tx.commit().await
+        }
+        .await;
+        if let Err(e) = committed {
+            // The stock shrank and the total did not: give the stock back (a new operation).
+            let back = uuid::Uuid::now_v7();
+            if scripts::restock(&mut con, &keys, &back, -delta, store.timeout())
+                .await
+                .is_err()
+            {
+                tracing::error!(
+                    sku,
+                    delta,
+                    "restock could not be undone in Redis; run reconcile"
+                );
+            }
+            return Err(e.into());
+        }
     }
     catalog.load(sku).await?;
     view(store, catalog, sku).await
+}
+
+async fn add_total(db: &mut sqlx::PgConnection, sku: &str, delta: i64) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE skus SET total = total + $2, updated_at = now() WHERE sku = $1")
+        .bind(sku)
+        .bind(delta)
+        .execute(db)
+        .await
+        .map(|_| ())
 }
 
 /// Rebuilds the SKU's Redis state from the ledger.

@@ -61,6 +61,11 @@ impl SkuKeys {
         format!("{}idem:{}:{}:{}", self.head, user.len(), user, key)
     }
 
+    /// Marker of one restock operation, so that it moves the stock at most once.
+    pub fn restock_op(&self, op_id: &uuid::Uuid) -> String {
+        format!("{}restock:{}", self.head, op_id.simple())
+    }
+
     /// Marker that a claim's units were given back, so compensation happens once.
     pub fn compensation(&self, claim_id: &uuid::Uuid) -> String {
         format!("{}comp:{}", self.head, claim_id.simple())
@@ -82,6 +87,7 @@ mod tests {
             k.claim(&id),
             k.idempotency("u:1", "k{x}"),
             k.compensation(&id),
+            k.restock_op(&id),
         ] {
             assert!(key.starts_with("dg:{drop-1}:"), "{key}");
         }

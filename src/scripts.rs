@@ -289,25 +289,50 @@ pub async fn declare_sku<C: ConnectionLike>(
     })
 }
 
-/// Applies `delta` to the remaining stock unless it would go below 0.
-/// Returns `Ok(Ok(remaining))` when applied, `Ok(Err(remaining))` when refused.
+/// What a restock operation did in Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Restocked {
+    /// Applied (now or by an earlier send of the same operation); the remaining stock.
+    Applied(i64),
+    /// Refused: the stock would have gone below 0. Nothing changed.
+    Refused,
+    /// Not applied, and fenced so that it never will be.
+    NotApplied,
+}
+
+/// Applies `delta` to the remaining stock once for `op_id` (see restock.lua). When the call's
+/// answer does not come, the outcome is read back (and fenced) instead of sent again.
 ///
 /// # Errors
-/// [`StoreError::SkuLost`] when Redis holds no state for the SKU, or the Redis error.
+/// [`StoreError::SkuLost`] when Redis holds no state for the SKU, or the Redis error of the
+/// read-back (the outcome is then unknown).
 pub async fn restock<C: ConnectionLike>(
     con: &mut C,
     keys: &SkuKeys,
+    op_id: &Uuid,
     delta: i64,
-) -> Result<Result<i64, i64>, StoreError> {
-    let (applied, remaining): (i64, i64) = SCRIPTS
-        .restock
-        .key(keys.state())
-        .arg(delta)
-        .invoke_async(con)
-        .await?;
-    match applied {
-        1 => Ok(Ok(remaining)),
-        0 => Ok(Err(remaining)),
+    timeout: std::time::Duration,
+) -> Result<Restocked, StoreError> {
+    let call = |mode: &'static str| {
+        let mut inv = SCRIPTS.restock.prepare_invoke();
+        inv.key(keys.state())
+            .key(keys.restock_op(op_id))
+            .arg(mode)
+            .arg(delta)
+            .arg(RECORD_TTL_SECS);
+        inv
+    };
+    let applied =
+        tokio::time::timeout(timeout, call("apply").invoke_async::<(i64, i64)>(con)).await;
+    let (code, remaining) = match applied {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) if !e.is_timeout() => return Err(e.into()),
+        _ => call("resolve").invoke_async(con).await?,
+    };
+    match code {
+        1 | 2 => Ok(Restocked::Applied(remaining)),
+        0 => Ok(Restocked::Refused),
+        3 => Ok(Restocked::NotApplied),
         _ => Err(StoreError::SkuLost),
     }
 }

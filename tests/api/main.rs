@@ -9,4 +9,5 @@ mod durability;
 mod faults;
 mod helpers;
 mod http;
+mod restock;
 mod services;
