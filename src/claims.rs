@@ -22,8 +22,9 @@ use crate::writer::WriterSignal;
 
 /// Most claims decided by one script call; bounds the script's run time inside Redis.
 pub const MAX_BATCH: usize = 128;
-/// Reads of a timed-out claim's record before its outcome is reported unknown (503).
-const RESOLVE_ATTEMPTS: usize = 4;
+/// Reads of a timed-out claim's record before its outcome is reported unknown (503); with the
+/// call itself this bounds a claim at three Redis timeouts (750 ms by default).
+const RESOLVE_ATTEMPTS: usize = 2;
 
 /// What the gateway answers for a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]

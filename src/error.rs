@@ -4,8 +4,9 @@
 /// A failure talking to Redis, or Redis answering that it no longer holds a SKU.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The call did not answer within the configured timeout; its effect is unknown.
-    #[error("redis call timed out")]
+    /// No answer came (the call timed out, or the connection dropped after it may have been
+    /// sent): its effect is unknown and must be read back, never assumed.
+    #[error("redis call got no answer")]
     Timeout,
     #[error("redis: {0}")]
     Redis(redis::RedisError),
@@ -21,9 +22,10 @@ pub enum StoreError {
 }
 
 impl From<redis::RedisError> for StoreError {
-    /// A response timeout inside the client is a timeout like ours: the outcome is unknown.
+    /// A response timeout inside the client, or a connection that dropped with the call on
+    /// it, leaves the outcome unknown like our own timeout does.
     fn from(e: redis::RedisError) -> Self {
-        if e.is_timeout() {
+        if e.is_timeout() || e.is_connection_dropped() {
             StoreError::Timeout
         } else {
             StoreError::Redis(e)
