@@ -6,7 +6,7 @@ use dropgate::scripts::{self, ClaimInput, Decision};
 use redis::aio::ConnectionManager;
 use uuid::Uuid;
 
-use crate::helpers::REDIS_URL;
+use crate::helpers::{script_sku, seeded_sku};
 
 fn input(user: &str, quantity: u32, key: Option<&str>) -> ClaimInput {
     ClaimInput {
@@ -15,18 +15,6 @@ fn input(user: &str, quantity: u32, key: Option<&str>) -> ClaimInput {
         quantity,
         idempotency_key: key.map(str::to_string),
     }
-}
-
-async fn seeded(total: i64, limit: i32) -> (ConnectionManager, SkuKeys) {
-    let mut con = ConnectionManager::new(redis::Client::open(REDIS_URL).unwrap())
-        .await
-        .unwrap();
-    let prefix = format!("t{}", &Uuid::new_v4().simple().to_string()[..16]);
-    let keys = SkuKeys::new(&prefix, "batch");
-    scripts::declare_sku(&mut con, &keys, true, total, limit)
-        .await
-        .unwrap();
-    (con, keys)
 }
 
 async fn journal_len(con: &mut ConnectionManager, keys: &SkuKeys) -> i64 {
@@ -39,7 +27,7 @@ async fn journal_len(con: &mut ConnectionManager, keys: &SkuKeys) -> i64 {
 
 #[tokio::test]
 async fn a_batch_applies_limits_duplicates_and_sell_out_in_order() {
-    let (mut con, keys) = seeded(5, 2).await;
+    let (mut con, keys) = seeded_sku(5, 2).await;
     let batch = vec![
         input("a", 2, Some("k1")), // wins, 3 left
         input("a", 1, None),       // a holds 2 of 2: limit
@@ -95,11 +83,11 @@ async fn a_batch_answers_like_the_same_claims_sent_one_by_one() {
             )
         })
         .collect();
-    let (mut together, keys_a) = seeded(20, 3).await;
+    let (mut together, keys_a) = seeded_sku(20, 3).await;
     let batched = scripts::claim(&mut together, &keys_a, &claims, 1)
         .await
         .unwrap();
-    let (mut alone, keys_b) = seeded(20, 3).await;
+    let (mut alone, keys_b) = seeded_sku(20, 3).await;
     let mut single = Vec::new();
     for c in &claims {
         single.extend(
@@ -117,13 +105,7 @@ async fn a_batch_answers_like_the_same_claims_sent_one_by_one() {
 
 #[tokio::test]
 async fn a_batch_on_a_lost_sku_changes_nothing() {
-    let mut con = ConnectionManager::new(redis::Client::open(REDIS_URL).unwrap())
-        .await
-        .unwrap();
-    let keys = SkuKeys::new(
-        &format!("t{}", &Uuid::new_v4().simple().to_string()[..16]),
-        "gone",
-    );
+    let (mut con, keys) = script_sku("gone").await;
     let r = scripts::claim(
         &mut con,
         &keys,
@@ -148,7 +130,7 @@ async fn a_batch_on_a_lost_sku_changes_nothing() {
 
 #[tokio::test]
 async fn a_fenced_claim_id_can_no_longer_win_and_moves_nothing() {
-    let (mut con, keys) = seeded(3, 1).await;
+    let (mut con, keys) = seeded_sku(3, 1).await;
     let late = input("late", 1, Some("k"));
     // The resolver of a timed-out call found nothing and fenced the id...
     assert_eq!(
@@ -187,7 +169,7 @@ async fn a_fenced_claim_id_can_no_longer_win_and_moves_nothing() {
 
 #[tokio::test]
 async fn huge_stock_and_limits_decide_like_small_ones() {
-    let (mut con, keys) = seeded(1_000_000_000_000, 1_000_000).await;
+    let (mut con, keys) = seeded_sku(1_000_000_000_000, 1_000_000).await;
     let d = scripts::claim(
         &mut con,
         &keys,

@@ -386,3 +386,21 @@ pub fn won_ids(results: &[(u16, Value)]) -> Vec<Uuid> {
 pub fn users(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}-{i}")).collect()
 }
+
+/// A Redis connection and the keys of a SKU under a fresh prefix, for script-level tests.
+pub async fn script_sku(sku: &str) -> (ConnectionManager, dropgate::keys::SkuKeys) {
+    let con = ConnectionManager::new(redis::Client::open(REDIS_URL).unwrap())
+        .await
+        .unwrap();
+    let prefix = format!("t{}", &Uuid::new_v4().simple().to_string()[..16]);
+    (con, dropgate::keys::SkuKeys::new(&prefix, sku))
+}
+
+/// As [`script_sku`], with the SKU declared (stock seeded).
+pub async fn seeded_sku(total: i64, limit: i32) -> (ConnectionManager, dropgate::keys::SkuKeys) {
+    let (mut con, keys) = script_sku("s").await;
+    dropgate::scripts::declare_sku(&mut con, &keys, true, total, limit)
+        .await
+        .unwrap();
+    (con, keys)
+}

@@ -2,32 +2,16 @@
 
 use std::time::Duration;
 
-use dropgate::keys::SkuKeys;
 use dropgate::scripts::{self, Restocked};
-use redis::aio::ConnectionManager;
 use uuid::Uuid;
 
-use crate::helpers::REDIS_URL;
-
-async fn seeded(total: i64) -> (ConnectionManager, SkuKeys) {
-    let mut con = ConnectionManager::new(redis::Client::open(REDIS_URL).unwrap())
-        .await
-        .unwrap();
-    let keys = SkuKeys::new(
-        &format!("t{}", &Uuid::new_v4().simple().to_string()[..16]),
-        "r",
-    );
-    scripts::declare_sku(&mut con, &keys, true, total, 1)
-        .await
-        .unwrap();
-    (con, keys)
-}
+use crate::helpers::seeded_sku;
 
 const T: Duration = Duration::from_secs(2);
 
 #[tokio::test]
 async fn a_restock_operation_sent_twice_moves_the_stock_once() {
-    let (mut con, keys) = seeded(10).await;
+    let (mut con, keys) = seeded_sku(10, 1).await;
     let op = Uuid::now_v7();
     assert_eq!(
         scripts::restock(&mut con, &keys, &op, 5, T).await.unwrap(),
@@ -54,7 +38,7 @@ async fn a_restock_operation_sent_twice_moves_the_stock_once() {
 
 #[tokio::test]
 async fn a_restock_that_timed_out_is_read_back_and_fenced() {
-    let (mut con, keys) = seeded(10).await;
+    let (mut con, keys) = seeded_sku(10, 1).await;
     // A zero timeout gives up at once: the outcome is resolved by reading. Whichever way the
     // race went, the answer and the stock agree, and a late send cannot apply it afterwards.
     let op = Uuid::now_v7();
