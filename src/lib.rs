@@ -9,10 +9,11 @@
 //!   resolve a timed-out call by reading.
 //! - [`scripts`] and `lua/`: the Lua scripts and their typed wrappers; [`keys`] names the keys.
 //! - [`store`]: Redis connections (multiplexed hot path, bb8 pool for background readers).
-//! - [`writer`]: journal (Redis Stream) to `issuances`, batched; refused rows to
-//!   `persistence_pending`.
+//! - [`writer`]: journal (Redis Stream, `writer/journal.rs`) to `issuances`, batched
+//!   (`writer/postgres.rs`); refused rows to `persistence_pending`.
 //! - [`reprocess`]: retries parked rows; compensates after the last attempt, exactly once.
-//! - [`inventory`]: declare, restock, restore, and the SKU view; [`ledger`] reads claims.
+//! - [`inventory`]: declare, restock, restore; [`ledger`]: the SKU view (accounting), claim
+//!   lookup, the reconcile table.
 //! - [`config`], [`db`], [`metrics`], [`app`] (build, bind, run), [`cli`] (subcommands).
 //!
 //! # The path of a claim
@@ -20,8 +21,10 @@
 //! `POST /v1/skus/{sku}/claims` → [`http`] checks the token, the body and the SKU (catalog
 //! cache) → [`claims::ClaimService::claim`] mints a UUIDv7 and queues on the SKU's lane → one
 //! `claim.lua` call decides the lane's queued claims: idempotency record, per-user count,
-//! stock, decrement, and a journal entry, atomically → 201/409/422 → the [`writer`] reads the
-//! journal, inserts into `issuances`, then acknowledges the entry.
+//! stock, decrement, and a journal entry, atomically (a call that gets no answer is settled
+//! by `resolve_claim.lua`, reading) → 201/409/422 → the [`writer`] reads the journal, inserts
+//! into `issuances`, then acknowledges the entry; a row PostgreSQL refuses is parked for the
+//! [`reprocess`] loop.
 #![forbid(unsafe_code)]
 
 pub mod app;
