@@ -1,5 +1,5 @@
 //! Infrastructure errors, one enum per boundary. Business outcomes (sold out, limit reached,
-//! replay) are not here: they are values of [`crate::claims::Decision`].
+//! replay) are not here: they are values of [`crate::scripts::Decision`].
 
 /// A failure talking to Redis, or Redis answering that it no longer holds a SKU.
 #[derive(Debug, thiserror::Error)]
