@@ -109,7 +109,7 @@ impl Writer {
     /// Runs until `shutdown`, then drains what the journals hold once more and returns.
     ///
     /// SKUs that won on this gateway are read as soon as the claim path signals them; every
-    /// SKU of the catalog is swept once per [`SWEEP`] (winners of other gateways, entries of
+    /// SKU of the catalog is swept every 500 ms (winners of other gateways, entries of
     /// dead ones, retries after a failure), so the cost of idle SKUs stays flat.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let mut catalog_skus: Vec<String> = Vec::new();
