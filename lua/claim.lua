@@ -8,13 +8,14 @@
 -- KEYS[5..]      the idempotency records, one for each claim that has a key, in claim order
 --
 -- ARGV[1]        now, unix milliseconds
--- ARGV[2]        record TTL in seconds (claim records and idempotency records)
--- ARGV[3]        n, the number of claims
+-- ARGV[2]        idempotency record TTL in seconds (at least 24 h)
+-- ARGV[3]        claim records TTL in seconds (they only settle uncertain outcomes)
+-- ARGV[4]        n, the number of claims
 -- per claim i, four values:
--- ARGV[4+4i]     claim id (UUIDv7, minted before the call)
--- ARGV[5+4i]     user id
--- ARGV[6+4i]     quantity (integer >= 1)
--- ARGV[7+4i]     Idempotency-Key value, or "" for none
+-- ARGV[5+4i]     claim id (UUIDv7, minted before the call)
+-- ARGV[6+4i]     user id
+-- ARGV[7+4i]     quantity (integer >= 1)
+-- ARGV[8+4i]     Idempotency-Key value, or "" for none
 --
 -- Returns {"lost"} when the SKU state is missing (Redis lost it: the caller fails closed and
 -- nothing is written). Otherwise a flat array of 2n values, a (code, value) pair per claim:
@@ -27,9 +28,9 @@
 --                    have won)
 --
 -- A winner's record, "claim_id|quantity|created_ms|remaining|len(user)|user idem" (the user id
--- length-prefixed, the Idempotency-Key the rest), is written once and used three times: as its
--- claim record (read back by resolve_claim.lua), its idempotency record, and its journal entry
--- (field c).
+-- length-prefixed, the Idempotency-Key the rest), is built once and used twice: as its
+-- idempotency record and as its journal entry (field c). Its claim record, read back by
+-- resolve_claim.lua, is just the remaining stock right after it.
 --
 -- Invariant: stock never goes below 0 and a user's count never passes `limit`; every unit that
 -- leaves stock is, in the same step, journaled (XADD) and counted in `inflight`, so a crash of
@@ -38,7 +39,7 @@ local state, users, journal = KEYS[1], KEYS[2], KEYS[3]
 if redis.call('EXISTS', state) == 0 then
   return {'lost'}
 end
-local now, ttl, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local now, ttl, records_ttl, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local stock = tonumber(redis.call('HGET', state, 'stock'))
 local limit = tonumber(redis.call('HGET', state, 'limit'))
 local start_stock = stock
@@ -48,8 +49,8 @@ local records = KEYS[4]
 local next_idem = 5
 local out = {}
 for i = 0, n - 1 do
-  local id, user = ARGV[4 + 4 * i], ARGV[5 + 4 * i]
-  local qty, idem = tonumber(ARGV[6 + 4 * i]), ARGV[7 + 4 * i]
+  local id, user = ARGV[5 + 4 * i], ARGV[6 + 4 * i]
+  local qty, idem = tonumber(ARGV[7 + 4 * i]), ARGV[8 + 4 * i]
   local idem_key, prior = nil, false
   if idem ~= '' then
     idem_key = KEYS[next_idem]
@@ -78,14 +79,14 @@ for i = 0, n - 1 do
       out[#out + 1] = 3
       out[#out + 1] = stock
     else
-      local record = id .. '|' .. qty .. '|' .. now .. '|' .. (stock - qty) .. '|' .. #user .. '|'
-        .. user .. idem
       -- NX: a resolver that gave up on this id has fenced it ("void"); it must not win now.
-      if redis.call('HSETNX', records, id, record) == 0 then
+      if redis.call('HSETNX', records, id, stock - qty) == 0 then
         out[#out + 1] = 6
         out[#out + 1] = 0
       else
         stock = stock - qty
+        local record = id .. '|' .. qty .. '|' .. now .. '|' .. stock .. '|' .. #user .. '|'
+          .. user .. idem
         held[user] = h + qty
         changed[user] = true
         if idem_key then
@@ -107,6 +108,6 @@ if stock ~= start_stock then
     counts[#counts + 1] = held[user]
   end
   redis.call('HSET', users, unpack(counts))
-  redis.call('EXPIRE', records, ttl)
+  redis.call('EXPIRE', records, records_ttl)
 end
 return out

@@ -4,7 +4,7 @@
 -- ARGV[1]  the claim id
 -- ARGV[2]  TTL in seconds of the records hash
 --
--- Returns the claim record (see claim.lua) when the claim won, or
+-- Returns the claim record (the remaining stock right after the claim won) when it won, or
 -- nil when it did not. In the second case the field is set to "void" first, so a claim.lua
 -- call for the same id still queued somewhere can no longer win (its HSETNX fails).
 --

@@ -209,11 +209,7 @@ impl ClaimService {
                 .bounded(scripts::resolve_claim(&mut con, &keys, claim_id))
                 .await
             {
-                Ok(Some(rec)) => {
-                    return Ok(Decision::Won {
-                        remaining: rec.remaining,
-                    })
-                }
+                Ok(Some(remaining)) => return Ok(Decision::Won { remaining }),
                 // Fenced: the claim did not and now cannot win. 503, nothing moved.
                 Ok(None) => return Err(StoreError::Timeout),
                 Err(e) => last = e,

@@ -43,8 +43,11 @@ pub const DEFAULT_MAX_QUEUE: &str = "4096";
 
 /// Backoff never grows past this, whatever the attempt count.
 pub const REPROCESS_BACKOFF_CAP: Duration = Duration::from_secs(60);
-/// Idempotency records and claim records live at least this long (API.md: at least 24 h).
+/// Idempotency records live at least this long (API.md: at least 24 h).
 pub const RECORD_TTL_SECS: u64 = 26 * 3600;
+/// Claim records (and fences) only settle outcomes a Redis call left unknown, seconds after
+/// the call; an hour outlives any call still queued on a connection by far.
+pub const CLAIM_RECORD_TTL_SECS: u64 = 3600;
 /// Request bodies larger than this are refused with 413.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
 /// A client that has not sent its headers within this time is disconnected (slowloris).

@@ -10,7 +10,7 @@ use redis::aio::ConnectionLike;
 use redis::{Script, Value};
 use uuid::Uuid;
 
-use crate::config::RECORD_TTL_SECS;
+use crate::config::{CLAIM_RECORD_TTL_SECS, RECORD_TTL_SECS};
 use crate::error::StoreError;
 use crate::keys::{bucket_of, SkuKeys};
 
@@ -118,6 +118,7 @@ pub async fn claim<C: ConnectionLike>(
         .key(keys.claims_bucket(bucket))
         .arg(now_ms)
         .arg(RECORD_TTL_SECS)
+        .arg(CLAIM_RECORD_TTL_SECS)
         .arg(claims.len());
     for c in claims {
         if let Some(k) = &c.idempotency_key {
@@ -230,7 +231,8 @@ impl ClaimRecord {
     }
 }
 
-/// Reads whether `claim_id` won, fencing it if it did not (see resolve_claim.lua).
+/// Reads whether `claim_id` won, fencing it if it did not (see resolve_claim.lua). Returns the
+/// stock left right after it won, or `None` when it did not (and now cannot) win.
 ///
 /// # Errors
 /// The Redis error of the call; the outcome then stays unknown.
@@ -238,20 +240,14 @@ pub async fn resolve_claim<C: ConnectionLike>(
     con: &mut C,
     keys: &SkuKeys,
     claim_id: &Uuid,
-) -> Result<Option<ClaimRecord>, StoreError> {
-    let raw: Option<String> = SCRIPTS
+) -> Result<Option<i64>, StoreError> {
+    Ok(SCRIPTS
         .resolve_claim
         .key(keys.claim(claim_id))
         .arg(claim_id.to_string())
-        .arg(RECORD_TTL_SECS)
+        .arg(CLAIM_RECORD_TTL_SECS)
         .invoke_async(con)
-        .await?;
-    match raw {
-        None => Ok(None),
-        Some(r) => ClaimRecord::parse(&r)
-            .map(Some)
-            .ok_or_else(|| StoreError::Protocol(format!("claim record {r:?}"))),
-    }
+        .await?)
 }
 
 /// Result of declaring a SKU in Redis.
