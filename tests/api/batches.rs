@@ -6,7 +6,7 @@ use dropgate::scripts::{self, ClaimInput, Decision};
 use redis::aio::ConnectionManager;
 use uuid::Uuid;
 
-use crate::helpers::{script_sku, seeded_sku};
+use crate::helpers::{script_sku, script_stock, seeded_sku};
 
 fn input(user: &str, quantity: u32, key: Option<&str>) -> ClaimInput {
     ClaimInput {
@@ -144,12 +144,7 @@ async fn a_fenced_claim_id_can_no_longer_win_and_moves_nothing() {
         .await
         .unwrap();
     assert_eq!(d, vec![Decision::Fenced]);
-    let stock: i64 = redis::cmd("HGET")
-        .arg(keys.state())
-        .arg("stock")
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    let stock = script_stock(&mut con, &keys).await;
     assert_eq!(stock, 3);
     assert_eq!(journal_len(&mut con, &keys).await, 0);
     // A winner's record is what the resolver reads back.

@@ -29,12 +29,7 @@ async fn redis_down_answers_503_fast_and_claims_resume_when_it_returns() {
         assert_eq!(code(&r.json().await.unwrap()), "unavailable");
         assert!(took < Duration::from_millis(1500), "503 took {took:?}");
     }
-    let r = app
-        .http
-        .get(format!("{}/readyz", app.base))
-        .send()
-        .await
-        .unwrap();
+    let r = app.get("/readyz").await;
     assert_eq!(r.status(), 503);
     assert_eq!(r.json::<Value>().await.unwrap()["redis"], "unreachable");
 
@@ -70,13 +65,7 @@ async fn a_redis_restarted_empty_closes_the_sku_until_restore_then_sells_exactly
     redis.wipe();
     redis.restart().await;
     wait_for(Duration::from_secs(10), || async {
-        app.http
-            .get(format!("{}/readyz", app.base))
-            .send()
-            .await
-            .unwrap()
-            .status()
-            == 200
+        app.get("/readyz").await.status() == 200
     })
     .await;
 

@@ -155,6 +155,15 @@ pub fn token_for(user: &str, sku: &str) -> String {
 }
 
 impl Api {
+    /// GET `path` without credentials.
+    pub async fn get(&self, path: &str) -> reqwest::Response {
+        self.http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap()
+    }
+
     pub async fn declare(&self, sku: &str, total: i64, limit: i64) -> reqwest::Response {
         self.http
             .put(format!("{}/admin/skus/{sku}", self.base))
@@ -403,4 +412,14 @@ pub async fn seeded_sku(total: i64, limit: i32) -> (ConnectionManager, dropgate:
         .await
         .unwrap();
     (con, keys)
+}
+
+/// Remaining stock of a script-level test's SKU.
+pub async fn script_stock(con: &mut ConnectionManager, keys: &dropgate::keys::SkuKeys) -> i64 {
+    redis::cmd("HGET")
+        .arg(keys.state())
+        .arg("stock")
+        .query_async(con)
+        .await
+        .unwrap()
 }

@@ -10,12 +10,7 @@ use crate::helpers::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_routes_and_methods_answer_problem_json() {
     let app = spawn_app().await;
-    let r = app
-        .http
-        .get(format!("{}/nowhere", app.base))
-        .send()
-        .await
-        .unwrap();
+    let r = app.get("/nowhere").await;
     assert_eq!(r.status(), 404);
     assert_eq!(r.headers()["content-type"], "application/problem+json");
     assert_eq!(code(&r.json().await.unwrap()), "not_found");
@@ -34,19 +29,9 @@ async fn unknown_routes_and_methods_answer_problem_json() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_readiness_and_metrics_answer() {
     let app = spawn_app().await;
-    let r = app
-        .http
-        .get(format!("{}/healthz", app.base))
-        .send()
-        .await
-        .unwrap();
+    let r = app.get("/healthz").await;
     assert_eq!(r.status(), 200);
-    let r = app
-        .http
-        .get(format!("{}/readyz", app.base))
-        .send()
-        .await
-        .unwrap();
+    let r = app.get("/readyz").await;
     assert_eq!(r.status(), 200);
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["redis"], "ok");
@@ -54,15 +39,7 @@ async fn health_readiness_and_metrics_answer() {
 
     app.declare("m", 1, 1).await;
     app.claim("m", "a", 1, None).await;
-    let text = app
-        .http
-        .get(format!("{}/metrics", app.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = app.get("/metrics").await.text().await.unwrap();
     assert!(text.contains("dropgate_claims_total"), "{text}");
     assert!(
         text.contains("dropgate_claim_latency_seconds_bucket"),
@@ -175,15 +152,7 @@ async fn hostile_input_gets_a_problem_answer_and_changes_nothing() {
         .unwrap();
     assert_eq!(r.status(), 401);
     // Still serving, and at most the per-user limit moved.
-    assert_eq!(
-        app.http
-            .get(format!("{}/healthz", app.base))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(app.get("/healthz").await.status(), 200);
     assert!(app.held("h", "fuzzer").await <= 2);
     assert_eq!(
         app.stock("h").await.unwrap() + app.held("h", "fuzzer").await,
