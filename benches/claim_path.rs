@@ -114,9 +114,16 @@ impl Fixture {
     async fn sku(&self, name: &str) -> Arc<BenchSku> {
         let keys = self.store.keys(name);
         let mut con = self.hot();
-        let declared = scripts::declare_sku(&mut con, &keys, true, TOTAL, PER_USER_LIMIT)
-            .await
-            .expect("declare bench SKU");
+        let declared = scripts::declare_sku(
+            &mut con,
+            &keys,
+            true,
+            TOTAL,
+            PER_USER_LIMIT,
+            &uuid::Uuid::nil(),
+        )
+        .await
+        .expect("declare bench SKU");
         assert_eq!(
             declared,
             scripts::Declared::Seeded,
@@ -199,7 +206,7 @@ async fn burst_connection_manager(con: &ConnectionManager, sku: &BenchSku) {
         let mut con = con.clone();
         let keys = sku.keys.clone();
         tasks.spawn(async move {
-            let d = scripts::claim(&mut con, &keys, &[input], now_ms())
+            let d = scripts::claim(&mut con, &keys, &[input], now_ms(), 0)
                 .await
                 .expect("claim");
             expect_won(&d, 1);
@@ -218,7 +225,7 @@ async fn burst_pool(pool: &bb8::Pool<RedisConnectionManager>, sku: &BenchSku) {
         let keys = sku.keys.clone();
         tasks.spawn(async move {
             let mut con = pool.get().await.expect("bb8 get");
-            let d = scripts::claim(&mut *con, &keys, &[input], now_ms())
+            let d = scripts::claim(&mut *con, &keys, &[input], now_ms(), 0)
                 .await
                 .expect("claim");
             expect_won(&d, 1);
@@ -314,7 +321,7 @@ fn bench_claim_script(c: &mut Criterion, rt: &Runtime, fx: &Fixture) {
                     for _ in 0..iters {
                         let inputs = fresh_claims(n);
                         let start = Instant::now();
-                        let d = scripts::claim(&mut con, &sku.keys, &inputs, now_ms())
+                        let d = scripts::claim(&mut con, &sku.keys, &inputs, now_ms(), 0)
                             .await
                             .expect("claim");
                         timed += start.elapsed();

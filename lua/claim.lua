@@ -1,6 +1,6 @@
 -- claim.lua: decide one or more claims on one SKU, in order, in one atomic step.
 --
--- KEYS[1]        the SKU state hash {stock, limit, inflight}      <prefix>:{<sku>}:state
+-- KEYS[1]        the SKU state hash {stock, limit, inflight, seq, stale}  <prefix>:{<sku>}:state
 -- KEYS[2]        per-user unit counts (hash user -> units held)   <prefix>:{<sku>}:users
 -- KEYS[3]        the winners' journal (stream, group "writers")   <prefix>:{<sku>}:journal
 -- KEYS[4]        the claim records hash of the 10-minute bucket all these claim ids fall in
@@ -10,15 +10,18 @@
 -- ARGV[1]        now, unix milliseconds
 -- ARGV[2]        idempotency record TTL in seconds (at least 24 h)
 -- ARGV[3]        claim records TTL in seconds (they only settle uncertain outcomes)
--- ARGV[4]        n, the number of claims
+-- ARGV[4]        floor: the highest state sequence the gateway knows PostgreSQL has recorded
+-- ARGV[5]        n, the number of claims
 -- per claim i, four values:
--- ARGV[5+4i]     claim id (UUIDv7, minted before the call)
--- ARGV[6+4i]     user id
--- ARGV[7+4i]     quantity (integer >= 1)
--- ARGV[8+4i]     Idempotency-Key value, or "" for none
+-- ARGV[6+4i]     claim id (UUIDv7, minted before the call)
+-- ARGV[7+4i]     user id
+-- ARGV[8+4i]     quantity (integer >= 1)
+-- ARGV[9+4i]     Idempotency-Key value, or "" for none
 --
--- Returns {"lost"} when the SKU state is missing (Redis lost it: the caller fails closed and
--- nothing is written). Otherwise a flat array of 2n values, a (code, value) pair per claim:
+-- Returns {"lost"} when the SKU state is missing (Redis lost it), {"stale"} when the state is
+-- marked stale or its sequence is behind the floor (Redis came back with older data: the state
+-- is marked stale here, so every gateway fails closed until restore). Nothing else is written
+-- in either case. Otherwise a flat array of 2n values, a (code, value) pair per claim:
 --   1, remaining     won
 --   2, record        replay of an earlier win under the same key (the record below)
 --   3, remaining     sold out (not enough stock; no partial fill)
@@ -27,21 +30,32 @@
 --   6, 0             the claim id was fenced by resolve_claim.lua (checked only when it would
 --                    have won)
 --
--- A winner's record, "claim_id|quantity|created_ms|remaining|len(user)|user idem" (the user id
--- length-prefixed, the Idempotency-Key the rest), is built once and used twice: as its
--- idempotency record and as its journal entry (field c). Its claim record, read back by
--- resolve_claim.lua, is just the remaining stock right after it.
+-- A winner's record, "claim_id|quantity|created_ms|remaining|seq|len(user)|user idem" (the
+-- user id length-prefixed, the Idempotency-Key the rest), is built once and used twice: as its
+-- idempotency record and as its journal entry (field c). `seq` is the state's sequence after
+-- this winner: every change of the state bumps it, and the writer commits its high-water mark
+-- to PostgreSQL, so a state that comes back behind that mark is known to be stale. The claim
+-- record, read back by resolve_claim.lua, is just the remaining stock right after it.
 --
 -- Invariant: stock never goes below 0 and a user's count never passes `limit`; every unit that
 -- leaves stock is, in the same step, journaled (XADD) and counted in `inflight`, so a crash of
--- the gateway after this call loses no winner.
+-- the gateway after this call loses no winner; a state older than what PostgreSQL recorded
+-- never sells.
 local state, users, journal = KEYS[1], KEYS[2], KEYS[3]
-if redis.call('EXISTS', state) == 0 then
+local head = redis.call('HMGET', state, 'stock', 'limit', 'seq', 'stale')
+if not head[1] then
   return {'lost'}
 end
-local now, ttl, records_ttl, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local stock = tonumber(redis.call('HGET', state, 'stock'))
-local limit = tonumber(redis.call('HGET', state, 'limit'))
+if head[4] then
+  return {'stale'}
+end
+local seq = tonumber(head[3] or '0')
+if seq < tonumber(ARGV[4]) then
+  redis.call('HSET', state, 'stale', 'behind:' .. seq .. '<' .. ARGV[4])
+  return {'stale'}
+end
+local now, ttl, records_ttl, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
+local stock, limit = tonumber(head[1]), tonumber(head[2])
 local start_stock = stock
 -- Counts of the users seen in this call: read once, written once at the end.
 local held, changed = {}, {}
@@ -49,8 +63,8 @@ local records = KEYS[4]
 local next_idem = 5
 local out = {}
 for i = 0, n - 1 do
-  local id, user = ARGV[5 + 4 * i], ARGV[6 + 4 * i]
-  local qty, idem = tonumber(ARGV[7 + 4 * i]), ARGV[8 + 4 * i]
+  local id, user = ARGV[6 + 4 * i], ARGV[7 + 4 * i]
+  local qty, idem = tonumber(ARGV[8 + 4 * i]), ARGV[9 + 4 * i]
   local idem_key, prior = nil, false
   if idem ~= '' then
     idem_key = KEYS[next_idem]
@@ -85,8 +99,9 @@ for i = 0, n - 1 do
         out[#out + 1] = 0
       else
         stock = stock - qty
-        local record = id .. '|' .. qty .. '|' .. now .. '|' .. stock .. '|' .. #user .. '|'
-          .. user .. idem
+        seq = seq + 1
+        local record = id .. '|' .. qty .. '|' .. now .. '|' .. stock .. '|' .. seq .. '|'
+          .. #user .. '|' .. user .. idem
         held[user] = h + qty
         changed[user] = true
         if idem_key then
@@ -100,7 +115,7 @@ for i = 0, n - 1 do
   end
 end
 if stock ~= start_stock then
-  redis.call('HSET', state, 'stock', stock)
+  redis.call('HSET', state, 'stock', stock, 'seq', seq)
   redis.call('HINCRBY', state, 'inflight', start_stock - stock)
   local counts = {}
   for user in pairs(changed) do

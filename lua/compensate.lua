@@ -15,7 +15,8 @@
 --   fence: 1 when the marker now names this owner, 0 when the claim is already compensated.
 --   give:  1 when the units were given back now, 0 when already compensated, -2 when another
 --          owner fenced the claim since (this one's lease is stale: nothing changes), -1 when
---          the SKU state is missing (nothing changes; compensate after a restore).
+--          the SKU state is missing or marked stale (nothing changes; compensate after a
+--          restore).
 --
 -- Invariant: a claim's units come back at most once, and only by the reprocessor that fenced
 -- it last, so a stale lease holder can neither give back twice nor give back a claim that a
@@ -33,11 +34,13 @@ end
 if current ~= token then
   return -2
 end
-if redis.call('EXISTS', state) == 0 then
+local cur = redis.call('HMGET', state, 'stock', 'stale')
+if not cur[1] or cur[2] then
   return -1
 end
 local user, units, id = ARGV[3], tonumber(ARGV[4]), ARGV[5]
 redis.call('HINCRBY', state, 'stock', units)
+redis.call('HINCRBY', state, 'seq', 1)
 if redis.call('HINCRBY', users, user, -units) <= 0 then
   redis.call('HDEL', users, user)
 end

@@ -1,22 +1,32 @@
--- resolve_claim.lua: settle a claim whose claim.lua call timed out, by reading.
+-- resolve_claim.lua: settle claims whose claim.lua call got no answer, by reading.
 --
--- KEYS[1]  the claim records hash of the claim id's bucket <prefix>:{<sku>}:claims:<bucket>
--- ARGV[1]  the claim id
--- ARGV[2]  TTL in seconds of the records hash
+-- KEYS[1]  the claim records hash of the claim ids' bucket <prefix>:{<sku>}:claims:<bucket>
+-- ARGV[1]  TTL in seconds of the records hash
+-- ARGV[2..] the claim ids (all in that bucket)
 --
--- Returns the claim record (the remaining stock right after the claim won) when it won, or
--- nil when it did not. In the second case the field is set to "void" first, so a claim.lua
--- call for the same id still queued somewhere can no longer win (its HSETNX fails).
+-- Returns one integer per claim id, in order: the remaining stock right after the claim won
+-- (>= 0), or -1 when it did not win. In the second case the field is set to "void" first, so
+-- a claim.lua call for the same id still queued somewhere (a stalled Redis, a connection's
+-- unread buffer) can no longer win: its HSETNX fails.
 --
 -- Invariant: an uncertain outcome gets exactly one answer. Nothing is decremented here; the
 -- only write is the fence, which makes "not won" final instead of "not won yet".
-local record = redis.call('HGET', KEYS[1], ARGV[1])
-if record then
-  if record == 'void' then
-    return nil
+local records = KEYS[1]
+local out = {}
+local fenced = false
+for i = 2, #ARGV do
+  local record = redis.call('HGET', records, ARGV[i])
+  if record and record ~= 'void' then
+    out[#out + 1] = tonumber(record)
+  else
+    if not record then
+      redis.call('HSET', records, ARGV[i], 'void')
+      fenced = true
+    end
+    out[#out + 1] = -1
   end
-  return record
 end
-redis.call('HSET', KEYS[1], ARGV[1], 'void')
-redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
-return nil
+if fenced then
+  redis.call('EXPIRE', records, tonumber(ARGV[1]))
+end
+return out

@@ -6,11 +6,16 @@
 -- ARGV[2]  delta (integer)
 -- ARGV[3]  marker TTL in seconds
 --
--- Returns
---   apply:   {1, remaining} applied now; {2, remaining} applied earlier (same op id);
---            {0, remaining} refused, the stock would go below 0 (nothing changes);
---            {-1, 0} the SKU state is missing (Redis lost the SKU); {3, 0} fenced by resolve.
---   resolve: {2, remaining} the operation was applied; {3, 0} it was not, and now cannot be.
+-- Returns {code, remaining, seq}:
+--   apply:   {1, remaining, seq} applied now; {2, remaining, seq} applied earlier (same op);
+--            {0, remaining, seq} refused, the stock would go below 0 (nothing changes);
+--            {-1, 0, 0} the SKU state is missing (Redis lost the SKU);
+--            {-3, 0, 0} the state is marked stale (fail closed until restore);
+--            {3, 0, 0} fenced by resolve.
+--   resolve: {2, remaining, seq} the operation was applied; {3, 0, 0} it was not, and now
+--            cannot be.
+-- `seq` is the state's sequence after the operation (the caller records it in PostgreSQL, so
+-- a Redis that comes back without this restock is known to be stale).
 --
 -- Invariant: remaining stock never goes below 0, and one operation moves it at most once: a
 -- retried or late apply finds the marker, and resolve answers an uncertain apply by reading
@@ -18,23 +23,30 @@
 local state, marker = KEYS[1], KEYS[2]
 local seen = redis.call('GET', marker)
 if seen == 'void' then
-  return {3, 0}
+  return {3, 0, 0}
 end
 if seen then
-  return {2, tonumber(redis.call('HGET', state, 'stock') or '0')}
+  local cur = redis.call('HMGET', state, 'stock', 'seq')
+  return {2, tonumber(cur[1] or '0'), tonumber(seen)}
 end
 if ARGV[1] == 'resolve' then
   redis.call('SET', marker, 'void', 'EX', tonumber(ARGV[3]))
-  return {3, 0}
+  return {3, 0, 0}
 end
-if redis.call('EXISTS', state) == 0 then
-  return {-1, 0}
+local cur = redis.call('HMGET', state, 'stock', 'seq', 'stale')
+if not cur[1] then
+  return {-1, 0, 0}
 end
-local stock = tonumber(redis.call('HGET', state, 'stock'))
+if cur[3] then
+  return {-3, 0, 0}
+end
+local stock, seq = tonumber(cur[1]), tonumber(cur[2] or '0')
 local after = stock + tonumber(ARGV[2])
 if after < 0 then
-  return {0, stock}
+  return {0, stock, seq}
 end
-redis.call('HSET', state, 'stock', after)
-redis.call('SET', marker, 'applied', 'EX', tonumber(ARGV[3]))
-return {1, after}
+seq = seq + 1
+redis.call('HSET', state, 'stock', after, 'seq', seq)
+-- The marker holds the sequence this operation produced, so a read-back can report it.
+redis.call('SET', marker, seq, 'EX', tonumber(ARGV[3]))
+return {1, after, seq}

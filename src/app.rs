@@ -13,6 +13,7 @@ use crate::auth::Verifier;
 use crate::catalog::Catalog;
 use crate::claims::ClaimService;
 use crate::config::Config;
+use crate::freshness::{Marks, Refresher};
 use crate::reprocess::Reprocessor;
 use crate::store::Store;
 use crate::writer::{Writer, WriterSignal};
@@ -40,6 +41,7 @@ pub struct Application {
     state: Arc<AppState>,
     writer: Writer,
     reprocessor: Reprocessor,
+    refresher: Refresher,
     config: Config,
 }
 
@@ -57,10 +59,21 @@ impl Application {
         let store = Store::connect(&config.redis_url, &config.key_prefix, config.redis_timeout)
             .await
             .context("connecting to Redis")?;
+        match store.eviction_policy().await {
+            Ok(Some(policy)) if policy != "noeviction" => anyhow::bail!(
+                "Redis maxmemory-policy is {policy}: it may evict journal entries, per-user counts \
+                 or fences, which loses winners or oversells; set maxmemory-policy noeviction"
+            ),
+            Ok(None) => tracing::warn!(
+                "could not read Redis maxmemory-policy (CONFIG not allowed); it must be noeviction"
+            ),
+            _ => {}
+        }
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("binding {}", config.listen))?;
         let wake = Arc::new(WriterSignal::default());
+        let marks = Arc::new(Marks::default());
         let state = Arc::new(AppState {
             catalog: Catalog::new(db.clone()),
             verifier: Verifier::new(&config.admission_secret, config.admin_token.clone()),
@@ -69,6 +82,7 @@ impl Application {
                 config.coalesce,
                 config.max_queue,
                 wake.clone(),
+                marks.clone(),
             ),
             metrics: crate::metrics::handle(),
             store: store.clone(),
@@ -80,7 +94,13 @@ impl Application {
             wake,
             config.journal_claim_idle,
             config.reprocess_backoff,
+            marks.clone(),
         );
+        let refresher = Refresher {
+            store: store.clone(),
+            db: db.clone(),
+            marks,
+        };
         let reprocessor = Reprocessor::new(
             store,
             db,
@@ -92,6 +112,7 @@ impl Application {
             state,
             writer,
             reprocessor,
+            refresher,
             config,
         })
     }
@@ -118,6 +139,8 @@ impl Application {
         let background = CancellationToken::new();
         let writer = tokio::spawn(self.writer.run(background.clone()));
         let reprocessor = tokio::spawn(self.reprocessor.run(background.clone()));
+        let refresher = tokio::spawn(self.refresher.run(background.clone()));
+        let settler = tokio::spawn(self.state.claims.settler().run(background.clone()));
         let state = self.state.clone();
         let draining = {
             let shutdown = shutdown.clone();
@@ -136,6 +159,8 @@ impl Application {
         let flushed = tokio::time::timeout(grace, async {
             let _ = writer.await;
             let _ = reprocessor.await;
+            let _ = refresher.await;
+            let _ = settler.await;
         })
         .await;
         if flushed.is_err() {

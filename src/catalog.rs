@@ -24,6 +24,12 @@ pub struct Sku {
     pub hold_seconds: i32,
     #[serde(skip)]
     pub seeded: bool,
+    /// The ledger's high-water mark of the SKU's state sequence (see [`crate::freshness`]).
+    #[serde(skip)]
+    pub redis_seq: i64,
+    /// Stamped on the Redis state this row seeded.
+    #[serde(skip)]
+    pub declare_id: uuid::Uuid,
 }
 
 enum Entry {
@@ -128,7 +134,8 @@ impl Catalog {
 /// The database error.
 pub async fn fetch(db: &PgPool, sku: &str) -> Result<Option<Sku>, DbError> {
     Ok(sqlx::query_as::<_, Sku>(
-        "SELECT sku, total, per_user_limit, hold_seconds, seeded FROM skus WHERE sku = $1",
+        "SELECT sku, total, per_user_limit, hold_seconds, seeded, redis_seq, declare_id
+           FROM skus WHERE sku = $1",
     )
     .bind(sku)
     .fetch_optional(db)

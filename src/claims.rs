@@ -14,16 +14,19 @@ use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use crate::error::StoreError;
-use crate::keys::bucket_of;
+use crate::freshness::Marks;
+use crate::keys::{bucket_of, SkuKeys};
 use crate::metrics as m;
 use crate::scripts::{self, ClaimInput, Decision};
+use crate::settle::Settler;
 use crate::store::Store;
 use crate::writer::WriterSignal;
 
 /// Most claims decided by one script call; bounds the script's run time inside Redis.
 pub const MAX_BATCH: usize = 128;
-/// Reads of a timed-out claim's record before its outcome is reported unknown (503); with the
-/// call itself this bounds a claim at three Redis timeouts (750 ms by default).
+/// Reads of a claim's record after its call got no answer, before its outcome is reported
+/// unknown (503 `outcome_unknown`, then settled in the background); with the call itself this
+/// bounds a claim at three Redis timeouts (750 ms by default).
 const RESOLVE_ATTEMPTS: usize = 2;
 
 /// What the gateway answers for a claim.
@@ -48,7 +51,7 @@ pub struct WonClaim {
     pub remaining: i64,
 }
 
-type Reply = oneshot::Sender<Result<Decision, Arc<StoreError>>>;
+type Reply = oneshot::Sender<Result<Decision, StoreError>>;
 
 /// Claims waiting for the next call on one SKU.
 #[derive(Default)]
@@ -71,36 +74,54 @@ pub struct ClaimService {
     max_queue: usize,
     /// Told after every win so the writer picks it up without polling delay.
     writer: Arc<WriterSignal>,
+    /// Takes over the claims whose outcome stayed unknown.
+    settler: Arc<Settler>,
+    /// The ledger's high-water marks: a Redis state behind its SKU's mark never sells.
+    marks: Arc<Marks>,
 }
 
 impl ClaimService {
-    pub fn new(store: Store, coalesce: bool, max_queue: usize, writer: Arc<WriterSignal>) -> Self {
+    pub fn new(
+        store: Store,
+        coalesce: bool,
+        max_queue: usize,
+        writer: Arc<WriterSignal>,
+        marks: Arc<Marks>,
+    ) -> Self {
         ClaimService {
+            settler: Arc::new(Settler::new(store.clone(), writer.clone())),
             store,
             lanes: DashMap::new(),
             coalesce,
             max_queue,
             writer,
+            marks,
         }
     }
 
-    /// Decides one claim.
+    pub fn settler(&self) -> Arc<Settler> {
+        self.settler.clone()
+    }
+
+    /// Decides one claim. `mark` is the SKU's high-water mark as the catalog last read it.
     ///
     /// # Errors
-    /// A [`StoreError`] when Redis could not decide (down, lost the SKU, or an outcome that
-    /// stayed unknown after reading back): the caller answers 503 and no stock moved for this
-    /// claim id.
+    /// A [`StoreError`] when Redis did not decide. [`StoreError::OutcomeUnknown`] when the call
+    /// was sent and its outcome could not be read back: the claim is handed to the settler.
+    /// Any other error is a promise that no stock moved for this claim id.
     pub async fn claim(
         &self,
         sku: &str,
-        user: String,
+        mark: i64,
+        user: &str,
         quantity: u32,
         idempotency_key: Option<String>,
     ) -> Result<Outcome, StoreError> {
         let started = Instant::now();
+        self.marks.observe(sku, mark);
         let input = ClaimInput {
             claim_id: Uuid::now_v7(),
-            user,
+            user: user.to_string(),
             quantity,
             idempotency_key,
         };
@@ -108,11 +129,18 @@ impl ClaimService {
         let decided = if self.coalesce {
             self.decide_coalesced(sku, input).await
         } else {
-            self.decide_alone(sku, input).await
+            let keys = self.store.keys(sku);
+            let floor = self.marks.floor(sku);
+            let mut d = decide_batch(&self.store, &keys, std::slice::from_ref(&input), floor).await;
+            d.pop()
+                .unwrap_or_else(|| Err(StoreError::Protocol("empty claim reply".into())))
         };
         let decision = match decided {
             Ok(d) => d,
-            Err(StoreError::Timeout) => self.resolve(sku, &claim_id).await?,
+            Err(StoreError::OutcomeUnknown(id)) => {
+                self.settler.hand_over(sku, id, user, quantity);
+                return Err(StoreError::OutcomeUnknown(id));
+            }
             Err(e) => return Err(e),
         };
         let outcome = match decision {
@@ -148,32 +176,12 @@ impl ClaimService {
         Ok(outcome)
     }
 
-    async fn decide_alone(&self, sku: &str, input: ClaimInput) -> Result<Decision, StoreError> {
-        let keys = self.store.keys(sku);
-        let mut con = self.store.hot();
-        let now = now_ms();
-        let started = Instant::now();
-        let r = self
-            .store
-            .bounded(scripts::claim(
-                &mut con,
-                &keys,
-                std::slice::from_ref(&input),
-                now,
-            ))
-            .await;
-        m::redis_call("claim", started.elapsed());
-        let mut decisions = r?;
-        decisions
-            .pop()
-            .ok_or_else(|| StoreError::Protocol("empty claim reply".into()))
-    }
-
     async fn decide_coalesced(&self, sku: &str, input: ClaimInput) -> Result<Decision, StoreError> {
         let lane = match self.lanes.get(sku) {
             Some(l) => l.clone(),
             None => self.lanes.entry(sku.to_string()).or_default().clone(),
         };
+        let claim_id = input.claim_id;
         let (tx, rx) = oneshot::channel();
         let start_call = {
             let mut l = lane.lock();
@@ -186,43 +194,25 @@ impl ClaimService {
         if start_call {
             let store = self.store.clone();
             let sku = sku.to_string();
-            tokio::spawn(drain_lane(store, sku, lane));
+            tokio::spawn(drain_lane(store, sku, lane, self.marks.clone()));
         }
         match rx.await {
-            Ok(r) => r.map_err(unshare),
-            // The draining task died (panicked): the outcome is unknown, read it back.
-            Err(_) => Err(StoreError::Timeout),
-        }
-    }
-
-    /// Settles a claim whose call timed out, by reading its record (and fencing it when it
-    /// did not win), never by sending it again. The read is retried a few times: a read that
-    /// fails leaves the outcome unknown, and every answer that settles it saves a 503.
-    async fn resolve(&self, sku: &str, claim_id: &Uuid) -> Result<Decision, StoreError> {
-        let keys = self.store.keys(sku);
-        let mut con = self.store.hot();
-        m::uncertain_outcome();
-        let mut last = StoreError::Timeout;
-        for _ in 0..RESOLVE_ATTEMPTS {
-            match self
-                .store
-                .bounded(scripts::resolve_claim(&mut con, &keys, claim_id))
-                .await
-            {
-                Ok(Some(remaining)) => return Ok(Decision::Won { remaining }),
-                // Fenced: the claim did not and now cannot win. 503, nothing moved.
-                Ok(None) => return Err(StoreError::Timeout),
-                Err(e) => last = e,
+            Ok(r) => r,
+            // The draining task died (panicked) with the claim perhaps sent: read it back.
+            Err(_) => {
+                let keys = self.store.keys(sku);
+                resolve(&self.store, &keys, &[claim_id])
+                    .await
+                    .pop()
+                    .unwrap_or(Err(StoreError::OutcomeUnknown(claim_id)))
             }
         }
-        Err(last)
     }
 }
 
 /// Calls Redis for the queued claims of one SKU until the queue is empty.
-async fn drain_lane(store: Store, sku: String, lane: Arc<Mutex<Lane>>) {
+async fn drain_lane(store: Store, sku: String, lane: Arc<Mutex<Lane>>, marks: Arc<Marks>) {
     let keys = store.keys(&sku);
-    let mut con = store.hot();
     loop {
         let batch: Vec<(ClaimInput, Reply)> = {
             let mut l = lane.lock();
@@ -243,32 +233,77 @@ async fn drain_lane(store: Store, sku: String, lane: Arc<Mutex<Lane>>) {
         };
         let (inputs, replies): (Vec<ClaimInput>, Vec<Reply>) = batch.into_iter().unzip();
         m::coalesced_batch(inputs.len());
-        let started = Instant::now();
-        let result = store
-            .bounded(scripts::claim(&mut con, &keys, &inputs, now_ms()))
-            .await;
-        m::redis_call("claim", started.elapsed());
-        match result {
-            Ok(decisions) => {
-                for (reply, d) in replies.into_iter().zip(decisions) {
-                    let _ = reply.send(Ok(d));
-                }
-            }
-            Err(e) => {
-                let e = Arc::new(e);
-                for reply in replies {
-                    let _ = reply.send(Err(e.clone()));
-                }
-            }
+        let decisions = decide_batch(&store, &keys, &inputs, marks.floor(&sku)).await;
+        for (reply, d) in replies.into_iter().zip(decisions) {
+            let _ = reply.send(d);
         }
     }
 }
 
-/// Rebuilds an owned error from one shared by a whole batch; the kind is what callers act on.
-fn unshare(e: Arc<StoreError>) -> StoreError {
-    match &*e {
-        StoreError::Timeout => StoreError::Timeout,
+/// Decides `inputs` in one script call; when the call gets no answer, reads each claim's
+/// outcome back instead of sending it again. One result per input, in order.
+async fn decide_batch(
+    store: &Store,
+    keys: &SkuKeys,
+    inputs: &[ClaimInput],
+    floor: i64,
+) -> Vec<Result<Decision, StoreError>> {
+    let mut con = store.hot();
+    let started = Instant::now();
+    let result = store
+        .bounded(scripts::claim(&mut con, keys, inputs, now_ms(), floor))
+        .await;
+    m::redis_call("claim", started.elapsed());
+    match result {
+        Ok(decisions) if decisions.len() == inputs.len() => decisions.into_iter().map(Ok).collect(),
+        Ok(_) => each(inputs.len(), || {
+            StoreError::Protocol("claim reply of the wrong length".into())
+        }),
+        Err(e) if e.is_uncertain() => {
+            let ids: Vec<Uuid> = inputs.iter().map(|c| c.claim_id).collect();
+            resolve(store, keys, &ids).await
+        }
+        Err(e) => each(inputs.len(), || definite(&e)),
+    }
+}
+
+/// Settles claims whose call got no answer, by reading their records (and fencing those that
+/// did not win), never by sending them again. The read is retried a few times: every answer
+/// that settles a claim saves an `outcome_unknown`.
+async fn resolve(store: &Store, keys: &SkuKeys, ids: &[Uuid]) -> Vec<Result<Decision, StoreError>> {
+    m::uncertain_outcome();
+    let mut con = store.hot();
+    for _ in 0..RESOLVE_ATTEMPTS {
+        if let Ok(answers) = store
+            .bounded(scripts::resolve_claims(&mut con, keys, ids))
+            .await
+        {
+            return answers
+                .into_iter()
+                .map(|a| match a {
+                    Some(remaining) => Ok(Decision::Won { remaining }),
+                    // Fenced: the claim did not and now cannot win. Nothing moved.
+                    None => Err(StoreError::Unavailable(
+                        "no answer from redis; the claim was fenced and moved nothing".into(),
+                    )),
+                })
+                .collect();
+        }
+    }
+    ids.iter()
+        .map(|id| Err(StoreError::OutcomeUnknown(*id)))
+        .collect()
+}
+
+fn each(n: usize, e: impl Fn() -> StoreError) -> Vec<Result<Decision, StoreError>> {
+    (0..n).map(|_| Err(e())).collect()
+}
+
+/// The same definite failure, for each claim of a batch.
+fn definite(e: &StoreError) -> StoreError {
+    match e {
         StoreError::SkuLost => StoreError::SkuLost,
+        StoreError::Stale => StoreError::Stale,
         StoreError::Protocol(s) => StoreError::Protocol(s.clone()),
         other => StoreError::Unavailable(other.to_string()),
     }

@@ -13,6 +13,14 @@ pub enum StoreError {
     /// The SKU's state hash is missing: Redis restarted empty or the key was deleted.
     #[error("redis holds no state for this SKU")]
     SkuLost,
+    /// The SKU's state is older than what PostgreSQL recorded (Redis came back from an older
+    /// snapshot, or a lagging replica took over): closed until restore.
+    #[error("redis holds a stale state for this SKU; restore it")]
+    Stale,
+    /// A claim's call was sent and no answer came, and reading it back did not answer either:
+    /// it may still win. A background settler keeps reading until it knows.
+    #[error("the outcome of claim {0} is not known yet")]
+    OutcomeUnknown(uuid::Uuid),
     /// Redis could not be reached (pool checkout failed, or a batch-mate's call failed).
     #[error("redis unavailable: {0}")]
     Unavailable(String),
@@ -22,13 +30,20 @@ pub enum StoreError {
 }
 
 impl From<redis::RedisError> for StoreError {
-    /// A response timeout inside the client, or a connection that dropped with the call on
-    /// it, leaves the outcome unknown like our own timeout does.
+    /// Only two failures are definite: Redis answered with an error (the call ran, or was
+    /// refused, and said so), or the connection could not be opened (nothing was sent). Any
+    /// other client-side failure may come after the request left (a timeout, a dropped
+    /// connection, a reply that could not be parsed), so its outcome is unknown and must be
+    /// read back, never assumed.
     fn from(e: redis::RedisError) -> Self {
-        if e.is_timeout() || e.is_connection_dropped() {
-            StoreError::Timeout
-        } else {
+        if e.is_connection_refusal() {
+            StoreError::Unavailable(e.to_string())
+        } else if matches!(e.kind(), redis::ErrorKind::Server(_)) {
             StoreError::Redis(e)
+        } else if e.kind() == redis::ErrorKind::UnexpectedReturnType {
+            StoreError::Protocol(e.to_string())
+        } else {
+            StoreError::Timeout
         }
     }
 }
@@ -37,6 +52,11 @@ impl StoreError {
     /// Whether the same call may succeed later (a client should retry after a pause).
     pub fn is_retryable(&self) -> bool {
         !matches!(self, StoreError::Protocol(_))
+    }
+
+    /// Whether the call may have taken effect: its outcome must be read back.
+    pub fn is_uncertain(&self) -> bool {
+        matches!(self, StoreError::Timeout | StoreError::OutcomeUnknown(_))
     }
 }
 

@@ -1,16 +1,21 @@
-//! Operator actions on a SKU (declare, restock, restore) and its accounting view.
+//! Operator actions on a SKU (declare, restock; restore is in [`crate::restore`]).
 //!
-//! Each action keeps PostgreSQL (the catalog and the ledger) and Redis (the stock) in step:
-//! PostgreSQL holds the row lock while Redis applies its atomic part, and commits only after
-//! Redis accepted.
+//! Each action keeps PostgreSQL (the catalog and the ledger) and Redis (the stock) in step,
+//! under the SKU's lock ([`SkuLock`], held across the Redis step), so two operator actions on
+//! one SKU never interleave. Where an answer from Redis is lost, the action reads it back
+//! (never sends it twice) and moves PostgreSQL only on a definite answer; while it cannot
+//! know, it leaves the stores in the order that can only undersell.
 
-use redis::AsyncCommands;
+use std::time::Duration;
 
-use crate::catalog::{self, Catalog, Sku};
-use crate::config::RECORD_TTL_SECS;
+use sqlx::pool::PoolConnection;
+use sqlx::{PgPool, Postgres};
+use uuid::Uuid;
+
+use crate::catalog::{self, Catalog};
 use crate::error::{DbError, StoreError};
 use crate::ledger::{view, SkuView};
-use crate::scripts::{self, ClaimRecord, Declared, Restocked, SCRIPTS};
+use crate::scripts::{self, Declared, RestockMode, Restocked};
 use crate::store::Store;
 
 /// An operator request refused for a business reason (409/404), not a fault.
@@ -21,7 +26,8 @@ pub enum Refusal {
     SkuExists,
     /// The delta would take the remaining stock below 0.
     InsufficientStock,
-    /// Restore asked while Redis still holds the SKU's state.
+    /// Restore asked while Redis still holds the SKU's state, or a new catalog row whose id
+    /// Redis already holds a state for (never adopt stock nobody declared here).
     StatePresent,
 }
 
@@ -47,10 +53,42 @@ pub struct Declaration {
     pub view: SkuView,
 }
 
+/// How long an operator action keeps reading back a Redis step whose answer was lost before it
+/// answers 503 `outcome_unknown` and leaves the rest to a background task.
+const SETTLE_LIMIT: Duration = Duration::from_secs(5);
+const SETTLE_PAUSE: Duration = Duration::from_millis(100);
+
+/// A SKU's operator lock: a PostgreSQL session advisory lock held on a connection of its own
+/// across the Redis step, so declare, restock and restore of one SKU never interleave (on any
+/// gateway). The connection is closed, not pooled, when the guard drops: the lock can never
+/// outlive the action, even on an error path, and a gateway that dies releases it too.
+pub struct SkuLock {
+    _con: PoolConnection<Postgres>,
+}
+
+impl SkuLock {
+    /// # Errors
+    /// The database error.
+    pub async fn acquire(db: &PgPool, sku: &str) -> Result<SkuLock, DbError> {
+        let mut con = db.acquire().await?;
+        con.close_on_drop();
+        sqlx::query("SELECT pg_advisory_lock(hashtext('dropgate.sku.' || $1))")
+            .bind(sku)
+            .execute(&mut *con)
+            .await?;
+        Ok(SkuLock { _con: con })
+    }
+}
+
 /// Declares a SKU, seeding its stock in Redis only if absent.
 ///
+/// The stock is seeded only while the catalog has never seen Redis hold it, the ledger holds
+/// no claim for the SKU and no state sequence was ever recorded: after that, a missing state
+/// means Redis lost it, and only restore (from the ledger) may bring it back.
+///
 /// # Errors
-/// [`Refusal::SkuExists`] for another total; infrastructure errors otherwise.
+/// [`Refusal::SkuExists`] for another total, [`Refusal::StatePresent`] for a new row whose id
+/// Redis holds a state for; infrastructure errors otherwise.
 pub async fn declare(
     store: &Store,
     catalog: &Catalog,
@@ -60,6 +98,7 @@ pub async fn declare(
     hold_seconds: i32,
 ) -> Result<Declaration, InventoryError> {
     let db = catalog.db();
+    let _lock = SkuLock::acquire(db, sku).await?;
     let inserted = sqlx::query(
         "INSERT INTO skus (sku, total, per_user_limit, hold_seconds) VALUES ($1, $2, $3, $4)
          ON CONFLICT (sku) DO NOTHING",
@@ -72,12 +111,10 @@ pub async fn declare(
     .await?
     .rows_affected()
         == 1;
-    let row = if inserted {
-        None
-    } else {
-        let row = catalog::fetch(db, sku)
-            .await?
-            .ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
+    let row = catalog::fetch(db, sku)
+        .await?
+        .ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
+    if !inserted {
         if row.total != total {
             return Err(InventoryError::Refused(Refusal::SkuExists));
         }
@@ -90,13 +127,12 @@ pub async fn declare(
         .bind(hold_seconds)
         .execute(db)
         .await?;
-        Some(row)
-    };
-    // Seed only while the catalog has never seen Redis confirm the stock: a declare after a
-    // lost Redis must not re-sell what was sold (that is restore's job, from the ledger).
-    let seed = row.as_ref().is_none_or(|r| !r.seeded);
+    }
+    let seed = !row.seeded && row.redis_seq == 0 && !ledger_has_claims(db, sku).await?;
     let keys = store.keys(sku);
     let mut con = store.hot();
+    // A lost answer is safe to send again: the seed is stamped with the row's declare id, so
+    // a second send finds its own seed and changes nothing.
     let declared = store
         .bounded(scripts::declare_sku(
             &mut con,
@@ -104,13 +140,34 @@ pub async fn declare(
             seed,
             total,
             per_user_limit,
+            &row.declare_id,
         ))
         .await?;
-    if declared != Declared::Lost && seed {
-        sqlx::query("UPDATE skus SET seeded = true WHERE sku = $1")
-            .bind(sku)
-            .execute(db)
-            .await?;
+    match declared {
+        Declared::Seeded | Declared::AlreadyPresent => {
+            if !row.seeded {
+                sqlx::query("UPDATE skus SET seeded = true WHERE sku = $1")
+                    .bind(sku)
+                    .execute(db)
+                    .await?;
+            }
+        }
+        Declared::Foreign => {
+            if inserted {
+                sqlx::query("DELETE FROM skus WHERE sku = $1 AND declare_id = $2 AND NOT seeded")
+                    .bind(sku)
+                    .bind(row.declare_id)
+                    .execute(db)
+                    .await?;
+            }
+            catalog.load(sku).await?;
+            tracing::warn!(
+                sku,
+                "declare refused: redis holds a state this catalog did not seed"
+            );
+            return Err(InventoryError::Refused(Refusal::StatePresent));
+        }
+        Declared::Lost => {}
     }
     catalog.load(sku).await?;
     Ok(Declaration {
@@ -119,15 +176,28 @@ pub async fn declare(
     })
 }
 
+async fn ledger_has_claims(db: &PgPool, sku: &str) -> Result<bool, DbError> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM issuances WHERE sku = $1)
+             OR EXISTS (SELECT 1 FROM persistence_pending WHERE sku = $1)",
+    )
+    .bind(sku)
+    .fetch_one(db)
+    .await?)
+}
+
 /// Adds `delta` to the total and to the remaining stock.
 ///
 /// The two stores move in the order that can only undersell if the gateway dies in between:
 /// a positive delta grows the catalog total first, then the stock; a negative one shrinks the
 /// stock first (where the "not below 0" check lives), then the total. The Redis step carries
-/// an operation id, so it moves the stock at most once and an uncertain answer is read back.
+/// an operation id, so it moves the stock at most once; a lost answer is read back, and the
+/// total moves back (or on) only on a definite answer. While the answer stays unknown the
+/// request answers 503 and a background task finishes the job when Redis answers.
 ///
 /// # Errors
-/// [`Refusal::UnknownSku`], [`Refusal::InsufficientStock`], or infrastructure errors.
+/// [`Refusal::UnknownSku`], [`Refusal::InsufficientStock`], or infrastructure errors
+/// ([`StoreError::Timeout`] when the Redis step's outcome is not known yet).
 pub async fn restock(
     store: &Store,
     catalog: &Catalog,
@@ -135,229 +205,155 @@ pub async fn restock(
     delta: i64,
 ) -> Result<SkuView, InventoryError> {
     let db = catalog.db();
-    let keys = store.keys(sku);
-    let mut con = store.hot();
-    let op = uuid::Uuid::now_v7();
-    let mut tx = db.begin().await?;
-    let total: Option<i64> = sqlx::query_scalar("SELECT total FROM skus WHERE sku = $1 FOR UPDATE")
+    let _lock = SkuLock::acquire(db, sku).await?;
+    let total: Option<i64> = sqlx::query_scalar("SELECT total FROM skus WHERE sku = $1")
         .bind(sku)
-        .fetch_optional(&mut *tx)
+        .fetch_optional(db)
         .await?;
     let total = total.ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
     if total + delta < 0 {
         return Err(InventoryError::Refused(Refusal::InsufficientStock));
     }
+    let op = Uuid::now_v7();
     if delta >= 0 {
-        add_total(&mut tx, sku, delta).await?;
-        tx.commit().await?;
-        match scripts::restock(&mut con, &keys, &op, delta, store.timeout()).await {
-            Ok(Restocked::Applied(_)) => {}
-            outcome => {
-                // Redis did not (and now cannot) take the units: take them off the total again.
-                let undo = add_total(&mut *db.acquire().await?, sku, -delta).await;
-                if undo.is_err() || !matches!(outcome, Ok(Restocked::NotApplied)) {
-                    tracing::error!(
-                        sku,
-                        delta,
-                        "restock half done: total grown, stock unknown; run reconcile"
-                    );
-                }
-                return Err(outcome.err().unwrap_or(StoreError::Timeout).into());
-            }
+        add_total(db, sku, delta, 0).await?;
+    }
+    let outcome = apply_restock(store, sku, &op, delta).await;
+    let finished = finish_restock(db, sku, delta, &outcome).await;
+    match outcome {
+        Err(e) if e.is_uncertain() => {
+            tracing::warn!(
+                sku,
+                delta,
+                %op,
+                "restock outcome unknown; settling it in the background"
+            );
+            tokio::spawn(settle_restock(
+                store.clone(),
+                db.clone(),
+                sku.to_string(),
+                op,
+                delta,
+            ));
+            return Err(StoreError::Timeout.into());
         }
-    } else {
-        match scripts::restock(&mut con, &keys, &op, delta, store.timeout()).await? {
-            Restocked::Applied(_) => {}
-            Restocked::Refused => return Err(InventoryError::Refused(Refusal::InsufficientStock)),
-            Restocked::NotApplied => return Err(StoreError::Timeout.into()),
+        Err(e) => return Err(e.into()),
+        Ok(Restocked::Refused) => return Err(InventoryError::Refused(Refusal::InsufficientStock)),
+        Ok(Restocked::NotApplied) => {
+            return Err(
+                StoreError::Unavailable("restock answer lost; it was not applied".into()).into(),
+            )
         }
-        let committed = async {
-            add_total(&mut tx, sku, delta).await?;
-            tx.commit().await
-        }
-        .await;
-        if let Err(e) = committed {
-            // The stock shrank and the total did not: give the stock back (a new operation).
-            let back = uuid::Uuid::now_v7();
-            if scripts::restock(&mut con, &keys, &back, -delta, store.timeout())
-                .await
-                .is_err()
-            {
-                tracing::error!(
-                    sku,
-                    delta,
-                    "restock could not be undone in Redis; run reconcile"
-                );
-            }
-            return Err(e.into());
-        }
+        Ok(Restocked::Applied { .. }) => finished?,
     }
     catalog.load(sku).await?;
     view(store, catalog, sku).await
 }
 
-async fn add_total(db: &mut sqlx::PgConnection, sku: &str, delta: i64) -> Result<(), sqlx::Error> {
-    sqlx::query("UPDATE skus SET total = total + $2, updated_at = now() WHERE sku = $1")
-        .bind(sku)
-        .bind(delta)
-        .execute(db)
-        .await
-        .map(|_| ())
+/// Moves PostgreSQL after a definite Redis answer: the state sequence the restock produced
+/// is recorded; a positive delta that was not applied is taken off the total again; a
+/// negative one that was applied comes off the total now.
+async fn finish_restock(
+    db: &PgPool,
+    sku: &str,
+    delta: i64,
+    outcome: &Result<Restocked, StoreError>,
+) -> Result<(), DbError> {
+    let result = match outcome {
+        Ok(Restocked::Applied { seq, .. }) => {
+            add_total(db, sku, if delta < 0 { delta } else { 0 }, *seq).await
+        }
+        Ok(Restocked::Refused | Restocked::NotApplied)
+        | Err(StoreError::SkuLost | StoreError::Stale)
+            if delta > 0 =>
+        {
+            add_total(db, sku, -delta, 0).await
+        }
+        _ => Ok(()),
+    };
+    if let Err(e) = &result {
+        // Only ever an undersell: the total is larger than the units the stores hold.
+        tracing::error!(sku, delta, error = %e, "restock half done (total larger than stock); run reconcile");
+    }
+    result
 }
 
-/// Rebuilds the SKU's Redis state from the ledger.
-///
-/// # Errors
-/// [`Refusal::StatePresent`] when Redis holds the SKU and `force` is off, or infrastructure
-/// errors.
-pub async fn restore(
+/// Applies a restock operation; when its answer is lost, reads it back (fencing it when it
+/// has not happened) for up to [`SETTLE_LIMIT`].
+async fn apply_restock(
     store: &Store,
-    catalog: &Catalog,
     sku: &str,
-    force: bool,
-) -> Result<SkuView, InventoryError> {
-    let db = catalog.db();
-    let mut tx = db.begin().await?;
-    // One restore per SKU at a time, across gateways.
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('dropgate.restore.' || $1))")
-        .bind(sku)
-        .execute(&mut *tx)
-        .await?;
-    let row: Sku = sqlx::query_as(
-        "SELECT sku, total, per_user_limit, hold_seconds, seeded FROM skus WHERE sku = $1",
-    )
-    .bind(sku)
-    .fetch_optional(&mut *tx)
-    .await?
-    .ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
+    op: &Uuid,
+    delta: i64,
+) -> Result<Restocked, StoreError> {
     let keys = store.keys(sku);
     let mut con = store.hot();
-    let present: bool = store
-        .bounded(async { Ok(con.exists::<_, bool>(keys.state()).await?) })
-        .await?;
-    if present && !force {
-        return Err(InventoryError::Refused(Refusal::StatePresent));
+    match store
+        .bounded(scripts::restock(
+            &mut con,
+            &keys,
+            op,
+            delta,
+            RestockMode::Apply,
+        ))
+        .await
+    {
+        Err(e) if e.is_uncertain() => read_back_restock(store, sku, op, delta, SETTLE_LIMIT).await,
+        other => other,
     }
-    if present {
-        // Close the SKU first (claims fail closed), so the ledger stops moving under us.
-        store
-            .bounded(async { Ok(con.del::<_, ()>(keys.state()).await?) })
-            .await?;
-    }
-    // Winners decided before the close must be in the ledger before it is read, or their units
-    // would be counted nowhere (and sold again).
-    wait_for_empty_journal(store, &keys).await?;
-    let live = live_claims(&mut tx, sku).await?;
-    // Idempotency records first: the state hash appears last, so no claim is decided before a
-    // retry of a live claim would replay.
-    let mut pipe = redis::pipe();
-    let mut held: std::collections::BTreeMap<&str, i64> = Default::default();
-    let mut units = 0i64;
-    let mut records = 0usize;
-    for c in &live {
-        units += c.quantity;
-        *held.entry(c.user_id.as_str()).or_default() += c.quantity;
-        if let Some(k) = &c.idempotency_key {
-            let record = ClaimRecord::render(
-                &c.claim_id,
-                c.quantity,
-                c.created_at.timestamp_millis(),
-                c.remaining_after.unwrap_or(0),
-                &c.user_id,
-                k,
-            );
-            pipe.set_ex(keys.idempotency(&c.user_id, k), record, RECORD_TTL_SECS)
-                .ignore();
-            records += 1;
-        }
-    }
-    if records > 0 {
-        store
-            .bounded(async { Ok(pipe.query_async::<()>(&mut con).await?) })
-            .await?;
-    }
-    let mut inv = SCRIPTS.restore_sku.prepare_invoke();
-    inv.key(keys.state())
-        .key(keys.users())
-        .key(keys.journal())
-        .arg(row.total - units)
-        .arg(row.per_user_limit);
-    for (user, n) in &held {
-        inv.arg(*user).arg(*n);
-    }
-    let applied: i64 = store
-        .bounded(async { Ok(inv.invoke_async(&mut con).await?) })
-        .await?;
-    if applied != 1 {
-        return Err(InventoryError::Refused(Refusal::StatePresent));
-    }
-    sqlx::query("UPDATE skus SET seeded = true WHERE sku = $1")
-        .bind(sku)
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await?;
-    tracing::info!(
-        sku,
-        units,
-        users = held.len(),
-        force,
-        "restored the SKU's Redis state from the ledger"
-    );
-    view(store, catalog, sku).await
 }
 
-/// How long a restore waits for the writer to empty the SKU's journal.
-const JOURNAL_DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(15);
-
-async fn wait_for_empty_journal(
+async fn read_back_restock(
     store: &Store,
-    keys: &crate::keys::SkuKeys,
-) -> Result<(), StoreError> {
-    let deadline = tokio::time::Instant::now() + JOURNAL_DRAIN_LIMIT;
+    sku: &str,
+    op: &Uuid,
+    delta: i64,
+    limit: Duration,
+) -> Result<Restocked, StoreError> {
+    let keys = store.keys(sku);
+    let deadline = tokio::time::Instant::now() + limit;
     loop {
         let mut con = store.hot();
-        let len: i64 = store
-            .bounded(async { Ok(con.xlen(keys.journal()).await?) })
-            .await?;
-        if len == 0 {
-            return Ok(());
+        match store
+            .bounded(scripts::restock(
+                &mut con,
+                &keys,
+                op,
+                delta,
+                RestockMode::Resolve,
+            ))
+            .await
+        {
+            Err(e) if e.is_uncertain() || matches!(e, StoreError::Unavailable(_)) => {
+                if tokio::time::Instant::now() > deadline {
+                    return Err(StoreError::Timeout);
+                }
+                tokio::time::sleep(SETTLE_PAUSE).await;
+            }
+            other => return other,
         }
-        if tokio::time::Instant::now() > deadline {
-            tracing::warn!(
-                journal = len,
-                "restore gave up waiting for the writer; the SKU stays closed"
-            );
-            return Err(StoreError::Unavailable(format!(
-                "{len} winners not yet written"
-            )));
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
 
-#[derive(sqlx::FromRow)]
-struct LiveClaim {
-    claim_id: uuid::Uuid,
-    user_id: String,
-    quantity: i64,
-    idempotency_key: Option<String>,
-    remaining_after: Option<i64>,
-    created_at: chrono::DateTime<chrono::Utc>,
+/// Finishes a restock whose outcome stayed unknown, once Redis answers.
+async fn settle_restock(store: Store, db: PgPool, sku: String, op: Uuid, delta: i64) {
+    let outcome = read_back_restock(&store, &sku, &op, delta, Duration::from_secs(24 * 3600)).await;
+    tracing::info!(sku, %op, ?outcome, "restock outcome settled");
+    let _lock = SkuLock::acquire(&db, &sku).await;
+    let _ = finish_restock(&db, &sku, delta, &outcome).await;
 }
 
-/// Claims that hold units: written and live, or refused and not yet compensated.
-async fn live_claims(
-    tx: &mut sqlx::PgConnection,
-    sku: &str,
-) -> Result<Vec<LiveClaim>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT claim_id, user_id, quantity::bigint AS quantity, idempotency_key, remaining_after, created_at
-           FROM issuances WHERE sku = $1 AND status IN ('issued', 'held', 'confirmed')
-         UNION ALL
-         SELECT claim_id, user_id, quantity::bigint, idempotency_key, remaining_after, created_at
-           FROM persistence_pending WHERE sku = $1 AND status IN ('pending', 'reprocessing')",
+/// Adds `delta` to the total and raises the SKU's high-water mark to `seq`.
+async fn add_total(db: &PgPool, sku: &str, delta: i64, seq: i64) -> Result<(), DbError> {
+    sqlx::query(
+        "UPDATE skus SET total = total + $2, redis_seq = GREATEST(redis_seq, $3),
+                updated_at = now()
+          WHERE sku = $1",
     )
     .bind(sku)
-    .fetch_all(tx)
-    .await
+    .bind(delta)
+    .bind(seq)
+    .execute(db)
+    .await?;
+    Ok(())
 }

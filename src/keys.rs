@@ -37,6 +37,11 @@ impl SkuKeys {
         format!("{}users", self.head)
     }
 
+    /// Per-user counts staged by a restore, moved over `users` in one step.
+    pub fn users_restore(&self) -> String {
+        format!("{}users:restore", self.head)
+    }
+
     /// Stream of winners not yet acknowledged by a writer.
     pub fn journal(&self) -> String {
         format!("{}journal", self.head)
@@ -83,6 +88,7 @@ mod tests {
         for key in [
             k.state(),
             k.users(),
+            k.users_restore(),
             k.journal(),
             k.claim(&id),
             k.idempotency("u:1", "k{x}"),

@@ -6,14 +6,20 @@
 //! - [`auth`]: admission tokens (JWT HS256) and the admin token.
 //! - [`catalog`]: SKUs in PostgreSQL, cached in process (unknown SKU = 404, no Redis trip).
 //! - [`claims`]: the decision: mint a claim id, coalesce same-SKU claims, one Lua call,
-//!   resolve a timed-out call by reading.
-//! - [`scripts`] and `lua/`: the Lua scripts and their typed wrappers; [`keys`] names the keys.
+//!   resolve a call that got no answer by reading.
+//! - [`settle`]: keeps reading back the claims whose outcome stayed unknown (503
+//!   `outcome_unknown`) until each is won or fenced.
+//! - [`freshness`]: the state sequence and the ledger's high-water mark: a Redis that came back
+//!   with older data is detected per SKU and closed until restore.
+//! - [`scripts`] and `lua/`: the Lua scripts and their typed wrappers; [`keys`] names the keys;
+//!   [`record`] is a winner's record (idempotency record and journal entry).
 //! - [`store`]: Redis connections (multiplexed hot path, bb8 pool for background readers).
 //! - [`writer`]: journal (Redis Stream, `writer/journal.rs`) to `issuances`, batched
 //!   (`writer/postgres.rs`); refused rows to `persistence_pending`.
 //! - [`reprocess`]: retries parked rows; compensates after the last attempt, exactly once.
-//! - [`inventory`]: declare, restock, restore; [`ledger`]: the SKU view (accounting), claim
-//!   lookup, the reconcile table.
+//! - [`inventory`]: declare, restock (each under the SKU's operator lock); [`restore`]: the
+//!   SKU's Redis state rebuilt from the ledger, in chunks; [`ledger`]: the SKU view
+//!   (accounting), claim lookup, the reconcile table.
 //! - [`config`], [`db`], [`metrics`], [`app`] (build, bind, run), [`cli`] (subcommands).
 //!
 //! # The path of a claim
@@ -21,8 +27,10 @@
 //! `POST /v1/skus/{sku}/claims` → [`http`] checks the token, the body and the SKU (catalog
 //! cache) → [`claims::ClaimService::claim`] mints a UUIDv7 and queues on the SKU's lane → one
 //! `claim.lua` call decides the lane's queued claims: idempotency record, per-user count,
-//! stock, decrement, and a journal entry, atomically (a call that gets no answer is settled
-//! by `resolve_claim.lua`, reading) → 201/409/422 → the [`writer`] reads the journal, inserts
+//! stock, decrement, and a journal entry, atomically, unless the state is behind the ledger's
+//! mark (stale: 503) (a call that gets no answer is settled by `resolve_claim.lua`, reading;
+//! when even that gets no answer, 503 `outcome_unknown` and the [`settle`] task goes on) →
+//! 201/409/422 → the [`writer`] reads the journal, inserts
 //! into `issuances`, then acknowledges the entry; a row PostgreSQL refuses is parked for the
 //! [`reprocess`] loop.
 #![forbid(unsafe_code)]
@@ -36,12 +44,16 @@ pub mod config;
 pub mod db;
 pub mod demo;
 pub mod error;
+pub mod freshness;
 pub mod http;
 pub mod inventory;
 pub mod keys;
 pub mod ledger;
 pub mod metrics;
+pub mod record;
 pub mod reprocess;
+pub mod restore;
 pub mod scripts;
+pub mod settle;
 pub mod store;
 pub mod writer;

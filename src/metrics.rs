@@ -97,3 +97,19 @@ pub fn compensated(units: i64) {
     counter!("dropgate_compensations_total").increment(1);
     counter!("dropgate_compensated_units_total").increment(units as u64);
 }
+
+/// A claim answered 503 `outcome_unknown`: handed to the settler.
+pub fn outcome_unknown() {
+    counter!("dropgate_claim_outcome_unknown_total").increment(1);
+}
+
+/// How an unknown outcome settled.
+pub fn outcome_settled(won: bool) {
+    let result = if won { "won" } else { "fenced" };
+    counter!("dropgate_claim_outcome_settled_total", "result" => result).increment(1);
+}
+
+/// A SKU's Redis state found behind the ledger and closed.
+pub fn stale_state() {
+    counter!("dropgate_stale_states_total").increment(1);
+}

@@ -13,6 +13,7 @@ use uuid::Uuid;
 use crate::config::{CLAIM_RECORD_TTL_SECS, RECORD_TTL_SECS};
 use crate::error::StoreError;
 use crate::keys::{bucket_of, SkuKeys};
+use crate::record::ClaimRecord;
 
 /// The script registry; the SHA1 of each is computed once.
 pub struct Scripts {
@@ -23,6 +24,7 @@ pub struct Scripts {
     pub ack_journal: Script,
     pub compensate: Script,
     pub restore_sku: Script,
+    pub mark_stale: Script,
 }
 
 pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -33,6 +35,7 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     ack_journal: Script::new(include_str!("../lua/ack_journal.lua")),
     compensate: Script::new(include_str!("../lua/compensate.lua")),
     restore_sku: Script::new(include_str!("../lua/restore_sku.lua")),
+    mark_stale: Script::new(include_str!("../lua/mark_stale.lua")),
 });
 
 /// Loads every script into Redis (SCRIPT LOAD), so the first claim does not pay for it.
@@ -49,6 +52,7 @@ pub async fn load_all<C: ConnectionLike>(con: &mut C) -> Result<(), StoreError> 
         &s.ack_journal,
         &s.compensate,
         &s.restore_sku,
+        &s.mark_stale,
     ] {
         script.prepare_invoke().load_async(con).await?;
     }
@@ -91,16 +95,19 @@ pub enum Decision {
 }
 
 /// Decides `claims` (all on the SKU of `keys`, all ids in one records bucket: see
-/// [`crate::keys::bucket_of`]) in order, in one script call.
+/// [`crate::keys::bucket_of`]) in order, in one script call. `floor` is the highest state
+/// sequence this gateway knows PostgreSQL recorded: a state behind it is stale.
 ///
 /// # Errors
-/// [`StoreError::SkuLost`] when Redis holds no state for the SKU (nothing was written), or the
-/// Redis error of the call.
+/// [`StoreError::SkuLost`] when Redis holds no state for the SKU, [`StoreError::Stale`] when
+/// the state is older than the ledger (nothing was written either way), or the Redis error of
+/// the call.
 pub async fn claim<C: ConnectionLike>(
     con: &mut C,
     keys: &SkuKeys,
     claims: &[ClaimInput],
     now_ms: i64,
+    floor: i64,
 ) -> Result<Vec<Decision>, StoreError> {
     let Some(first) = claims.first() else {
         return Ok(Vec::new());
@@ -119,6 +126,7 @@ pub async fn claim<C: ConnectionLike>(
         .arg(now_ms)
         .arg(RECORD_TTL_SECS)
         .arg(CLAIM_RECORD_TTL_SECS)
+        .arg(floor)
         .arg(claims.len());
     for c in claims {
         if let Some(k) = &c.idempotency_key {
@@ -139,8 +147,10 @@ fn parse_claim_reply(reply: Value, n: usize) -> Result<Vec<Decision>, StoreError
         other => return Err(StoreError::Protocol(format!("claim: {other:?}"))),
     };
     if let [Value::BulkString(b)] = items.as_slice() {
-        if b == b"lost" {
-            return Err(StoreError::SkuLost);
+        match b.as_slice() {
+            b"lost" => return Err(StoreError::SkuLost),
+            b"stale" => return Err(StoreError::Stale),
+            _ => {}
         }
     }
     if items.len() != 2 * n {
@@ -188,66 +198,34 @@ fn parse_decision(code: &Value, value: &Value) -> Result<Decision, StoreError> {
     })
 }
 
-/// A winner's record as claim.lua stores it:
-/// `claim_id|quantity|created_ms|remaining|len(user)|user idem`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClaimRecord {
-    pub claim_id: Uuid,
-    pub quantity: u32,
-    pub remaining: i64,
-    pub created_ms: i64,
-}
-
-impl ClaimRecord {
-    pub fn parse(raw: &str) -> Option<ClaimRecord> {
-        let mut it = raw.splitn(6, '|');
-        let claim_id = Uuid::parse_str(it.next()?).ok()?;
-        let quantity = it.next()?.parse().ok()?;
-        let created_ms = it.next()?.parse().ok()?;
-        let remaining = it.next()?.parse().ok()?;
-        let user_len: usize = it.next()?.parse().ok()?;
-        it.next()?.get(..user_len)?;
-        Some(ClaimRecord {
-            claim_id,
-            quantity,
-            remaining,
-            created_ms,
-        })
-    }
-
-    /// Renders the record claim.lua would have written (restore rebuilds idempotency records).
-    pub fn render(
-        claim_id: &Uuid,
-        quantity: i64,
-        created_ms: i64,
-        remaining: i64,
-        user: &str,
-        idem: &str,
-    ) -> String {
-        format!(
-            "{claim_id}|{quantity}|{created_ms}|{remaining}|{}|{user}{idem}",
-            user.len()
-        )
-    }
-}
-
-/// Reads whether `claim_id` won, fencing it if it did not (see resolve_claim.lua). Returns the
-/// stock left right after it won, or `None` when it did not (and now cannot) win.
+/// Reads whether each of `claim_ids` (all in one records bucket) won, fencing those that did
+/// not (see resolve_claim.lua). Returns, per id, the stock left right after it won, or `None`
+/// when it did not (and now cannot) win.
 ///
 /// # Errors
-/// The Redis error of the call; the outcome then stays unknown.
-pub async fn resolve_claim<C: ConnectionLike>(
+/// The Redis error of the call; the outcomes then stay unknown.
+pub async fn resolve_claims<C: ConnectionLike>(
     con: &mut C,
     keys: &SkuKeys,
-    claim_id: &Uuid,
-) -> Result<Option<i64>, StoreError> {
-    Ok(SCRIPTS
-        .resolve_claim
-        .key(keys.claim(claim_id))
-        .arg(claim_id.to_string())
-        .arg(CLAIM_RECORD_TTL_SECS)
-        .invoke_async(con)
-        .await?)
+    claim_ids: &[Uuid],
+) -> Result<Vec<Option<i64>>, StoreError> {
+    let Some(first) = claim_ids.first() else {
+        return Ok(Vec::new());
+    };
+    let mut inv = SCRIPTS.resolve_claim.prepare_invoke();
+    inv.key(keys.claim(first)).arg(CLAIM_RECORD_TTL_SECS);
+    for id in claim_ids {
+        inv.arg(id.to_string());
+    }
+    let raw: Vec<i64> = inv.invoke_async(con).await?;
+    if raw.len() != claim_ids.len() {
+        return Err(StoreError::Protocol(format!(
+            "resolve: {} answers for {} ids",
+            raw.len(),
+            claim_ids.len()
+        )));
+    }
+    Ok(raw.into_iter().map(|r| (r >= 0).then_some(r)).collect())
 }
 
 /// Result of declaring a SKU in Redis.
@@ -256,6 +234,8 @@ pub enum Declared {
     Seeded,
     AlreadyPresent,
     Lost,
+    /// A state this catalog row did not seed is present; nothing changed.
+    Foreign,
 }
 
 /// Seeds the stock only if absent (`seed`), or updates the limit of a present SKU.
@@ -268,6 +248,7 @@ pub async fn declare_sku<C: ConnectionLike>(
     seed: bool,
     total: i64,
     per_user_limit: i32,
+    declare_id: &Uuid,
 ) -> Result<Declared, StoreError> {
     let r: i64 = SCRIPTS
         .declare_sku
@@ -276,11 +257,13 @@ pub async fn declare_sku<C: ConnectionLike>(
         .arg(if seed { "seed" } else { "update" })
         .arg(total)
         .arg(per_user_limit)
+        .arg(declare_id.to_string())
         .invoke_async(con)
         .await?;
     Ok(match r {
         1 => Declared::Seeded,
         0 => Declared::AlreadyPresent,
+        -2 => Declared::Foreign,
         _ => Declared::Lost,
     })
 }
@@ -288,49 +271,72 @@ pub async fn declare_sku<C: ConnectionLike>(
 /// What a restock operation did in Redis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Restocked {
-    /// Applied (now or by an earlier send of the same operation); the remaining stock.
-    Applied(i64),
+    /// Applied (now or by an earlier send of the same operation): the remaining stock and the
+    /// state sequence the operation produced.
+    Applied { remaining: i64, seq: i64 },
     /// Refused: the stock would have gone below 0. Nothing changed.
     Refused,
     /// Not applied, and fenced so that it never will be.
     NotApplied,
 }
 
-/// Applies `delta` to the remaining stock once for `op_id` (see restock.lua). When the call's
-/// answer does not come, the outcome is read back (and fenced) instead of sent again.
+/// Runs restock.lua for `op_id` in `mode`: "apply" moves the stock once; "resolve" reads an
+/// earlier apply's outcome back, fencing it when it has not happened (so it never will).
 ///
 /// # Errors
-/// [`StoreError::SkuLost`] when Redis holds no state for the SKU, or the Redis error of the
-/// read-back (the outcome is then unknown).
+/// [`StoreError::SkuLost`] when Redis holds no state for the SKU, [`StoreError::Stale`] when
+/// the state is marked stale, or the Redis error of the call (an apply's outcome is then
+/// unknown: resolve it, never send it again).
 pub async fn restock<C: ConnectionLike>(
     con: &mut C,
     keys: &SkuKeys,
     op_id: &Uuid,
     delta: i64,
-    timeout: std::time::Duration,
+    mode: RestockMode,
 ) -> Result<Restocked, StoreError> {
-    let call = |mode: &'static str| {
-        let mut inv = SCRIPTS.restock.prepare_invoke();
-        inv.key(keys.state())
-            .key(keys.restock_op(op_id))
-            .arg(mode)
-            .arg(delta)
-            .arg(RECORD_TTL_SECS);
-        inv
-    };
-    let applied =
-        tokio::time::timeout(timeout, call("apply").invoke_async::<(i64, i64)>(con)).await;
-    let (code, remaining) = match applied {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) if !e.is_timeout() => return Err(e.into()),
-        _ => call("resolve").invoke_async(con).await?,
-    };
+    let mut inv = SCRIPTS.restock.prepare_invoke();
+    inv.key(keys.state())
+        .key(keys.restock_op(op_id))
+        .arg(match mode {
+            RestockMode::Apply => "apply",
+            RestockMode::Resolve => "resolve",
+        })
+        .arg(delta)
+        .arg(RECORD_TTL_SECS);
+    let (code, remaining, seq): (i64, i64, i64) = inv.invoke_async(con).await?;
     match code {
-        1 | 2 => Ok(Restocked::Applied(remaining)),
+        1 | 2 => Ok(Restocked::Applied { remaining, seq }),
         0 => Ok(Restocked::Refused),
         3 => Ok(Restocked::NotApplied),
+        -3 => Err(StoreError::Stale),
         _ => Err(StoreError::SkuLost),
     }
+}
+
+/// Which half of restock.lua to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestockMode {
+    Apply,
+    Resolve,
+}
+
+/// Marks the SKU's state stale (see mark_stale.lua): every gateway fails closed on it until a
+/// restore. Returns whether a state was there to mark.
+///
+/// # Errors
+/// The Redis error of the call.
+pub async fn mark_stale<C: ConnectionLike>(
+    con: &mut C,
+    keys: &SkuKeys,
+    reason: &str,
+) -> Result<bool, StoreError> {
+    let r: i64 = SCRIPTS
+        .mark_stale
+        .key(keys.state())
+        .arg(reason)
+        .invoke_async(con)
+        .await?;
+    Ok(r == 1)
 }
 
 #[cfg(test)]
@@ -338,23 +344,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn claim_records_round_trip_and_reject_garbage() {
-        let id = Uuid::now_v7();
-        let raw = ClaimRecord::render(&id, 2, 1_700_000_000_000, 40, "u|1", "key");
-        let rec = ClaimRecord::parse(&raw).unwrap();
-        assert_eq!(rec.claim_id, id);
-        assert_eq!((rec.quantity, rec.remaining), (2, 40));
-        assert_eq!(rec.created_ms, 1_700_000_000_000);
-        assert!(ClaimRecord::parse("void").is_none());
-        assert!(ClaimRecord::parse(&format!("{id}|2|40|1|9|short")).is_none());
-    }
-
-    #[test]
     fn a_lost_sku_is_an_error_not_a_sell_out() {
         let reply = Value::Array(vec![Value::BulkString(b"lost".to_vec())]);
         assert!(matches!(
             parse_claim_reply(reply, 1),
             Err(StoreError::SkuLost)
+        ));
+    }
+
+    #[test]
+    fn a_stale_sku_is_an_error_not_a_sell_out() {
+        let reply = Value::Array(vec![Value::BulkString(b"stale".to_vec())]);
+        assert!(matches!(
+            parse_claim_reply(reply, 1),
+            Err(StoreError::Stale)
         ));
     }
 }

@@ -105,6 +105,30 @@ impl Store {
             .map_err(|_| StoreError::Timeout)?
     }
 
+    /// Redis's `maxmemory-policy`, or `None` when CONFIG is not allowed (a managed Redis).
+    /// Anything but `noeviction` may evict journal entries, per-user counts or fences: a
+    /// gateway refuses to start on it and `/readyz` reports it.
+    ///
+    /// # Errors
+    /// The failure to reach Redis.
+    pub async fn eviction_policy(&self) -> Result<Option<String>, StoreError> {
+        let mut con = self.hot();
+        let reply: Result<Vec<String>, StoreError> = self
+            .bounded(async {
+                Ok(redis::cmd("CONFIG")
+                    .arg("GET")
+                    .arg("maxmemory-policy")
+                    .query_async(&mut con)
+                    .await?)
+            })
+            .await;
+        match reply {
+            Ok(kv) => Ok(kv.into_iter().nth(1)),
+            Err(StoreError::Redis(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// PING on the hot connection, for /readyz.
     ///
     /// # Errors

@@ -112,6 +112,6 @@ pub(super) async fn restore(
             ))
         }
     };
-    let v = inventory::restore(&state.store, &state.catalog, sku, force).await?;
+    let v = crate::restore::restore(&state.store, &state.catalog, sku, force).await?;
     Ok(json(StatusCode::OK, &v))
 }

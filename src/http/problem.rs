@@ -32,6 +32,8 @@ pub enum ApiError {
     Overloaded,
     /// Redis could not decide (or lost the SKU): fail closed.
     Unavailable(StoreError),
+    /// A claim was sent to Redis and its outcome is not known yet; the settler goes on.
+    OutcomeUnknown(uuid::Uuid),
     /// PostgreSQL could not answer an admin or lookup request.
     Database(DbError),
 }
@@ -45,6 +47,9 @@ struct Problem<'a> {
     code: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     detail: Option<String>,
+    /// The claim whose outcome is unknown: `GET /v1/claims/{claim_id}` tells once it settles.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    claim_id: Option<uuid::Uuid>,
 }
 
 impl ApiError {
@@ -97,6 +102,12 @@ impl ApiError {
                 "overloaded",
                 "Too many claims waiting",
             ),
+            OutcomeUnknown(_)
+            | Unavailable(StoreError::Timeout | StoreError::OutcomeUnknown(_)) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "outcome_unknown",
+                "Outcome not known yet",
+            ),
             Unavailable(_) | Database(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
@@ -114,6 +125,16 @@ impl ApiError {
             ApiError::Unavailable(StoreError::SkuLost) => {
                 Some("the SKU's stock is not available; retry later".into())
             }
+            ApiError::Unavailable(StoreError::Stale) => Some(
+                "redis holds an older state of this SKU than the ledger; closed until restore"
+                    .into(),
+            ),
+            ApiError::OutcomeUnknown(_) | ApiError::Unavailable(StoreError::OutcomeUnknown(_)) => {
+                Some("the claim was sent and its answer lost; GET /v1/claims/{claim_id} tells once it settles".into())
+            }
+            ApiError::Unavailable(StoreError::Timeout) => {
+                Some("the operation's answer was lost; it is being settled, read the state before retrying".into())
+            }
             ApiError::Unavailable(e) => {
                 tracing::warn!(error = %e, "answering 503: redis could not decide");
                 None
@@ -130,6 +151,11 @@ impl ApiError {
             status: status.as_u16(),
             code,
             detail,
+            claim_id: match &self {
+                ApiError::OutcomeUnknown(id)
+                | ApiError::Unavailable(StoreError::OutcomeUnknown(id)) => Some(*id),
+                _ => None,
+            },
         };
         let bytes = serde_json::to_vec(&body).unwrap_or_default();
         let mut resp = Response::new(Full::new(Bytes::from(bytes)));

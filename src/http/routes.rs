@@ -16,6 +16,7 @@ use crate::app::AppState;
 use crate::catalog::valid_sku_id;
 use crate::claims::{Outcome, WonClaim};
 use crate::config::MAX_BODY_BYTES;
+use crate::settle::Settled;
 use crate::{ledger, metrics as m};
 
 pub(super) type Result<T> = std::result::Result<T, ApiError>;
@@ -97,9 +98,16 @@ async fn claim(state: &AppState, sku: &str, req: Request<Incoming>) -> Result<Re
     }
     let outcome = state
         .claims
-        .claim(sku, user.clone(), quantity as u32, idempotency_key)
+        .claim(
+            sku,
+            entry.redis_seq,
+            &user,
+            quantity as u32,
+            idempotency_key,
+        )
         .await
-        .inspect_err(|_| m::claim_failed("unavailable"))?;
+        .map_err(ApiError::from)
+        .inspect_err(|e| m::claim_failed(e.code()))?;
     let (won, replayed) = match outcome {
         Outcome::Won(w) => (w, false),
         Outcome::Replayed(w) => (w, true),
@@ -160,14 +168,47 @@ async fn get_claim(state: &AppState, id: &str, req: &Request<Incoming>) -> Resul
         )
     };
     let id = Uuid::parse_str(id).map_err(|_| ApiError::UnknownClaim)?;
-    let claim = ledger::find_claim(state.catalog.db(), id)
-        .await?
-        .ok_or(ApiError::UnknownClaim)?;
+    let claim = match ledger::find_claim(state.catalog.db(), id).await? {
+        Some(c) => c,
+        None => unsettled_claim(state, id, user.as_deref())?,
+    };
     // Someone else's claim is indistinguishable from a missing one.
     if user.is_some_and(|u| u != claim.user) {
         return Err(ApiError::UnknownClaim);
     }
     Ok(json(StatusCode::OK, &claim))
+}
+
+/// A claim the ledger does not hold (yet), as this gateway's settler knows it: still unknown
+/// (503 `outcome_unknown` again), won and not yet written, or fenced (404).
+fn unsettled_claim(state: &AppState, id: Uuid, user: Option<&str>) -> Result<ledger::ClaimRow> {
+    let c = state
+        .claims
+        .settler()
+        .lookup(&id)
+        .filter(|c| user.is_none_or(|u| u == c.user))
+        .ok_or(ApiError::UnknownClaim)?;
+    match c.state {
+        Settled::Pending => Err(ApiError::OutcomeUnknown(id)),
+        Settled::Fenced => Err(ApiError::UnknownClaim),
+        Settled::Won { .. } => Ok(ledger::ClaimRow {
+            claim_id: id,
+            sku: c.sku,
+            user: c.user,
+            quantity: c.quantity as i32,
+            status: "issued".into(),
+            expires_at: None,
+            created_at: uuid_time(&id),
+        }),
+    }
+}
+
+fn uuid_time(id: &Uuid) -> chrono::DateTime<chrono::Utc> {
+    let ms = id.get_timestamp().map_or(0, |t| {
+        let (secs, nanos) = t.to_unix();
+        secs as i64 * 1000 + i64::from(nanos / 1_000_000)
+    });
+    chrono::DateTime::from_timestamp_millis(ms).unwrap_or_default()
 }
 
 // === operations ===
@@ -185,16 +226,22 @@ struct Readiness {
 }
 
 async fn readyz(state: &AppState) -> Response<Body> {
-    let (redis, pg) = tokio::join!(state.store.ping(), async {
-        sqlx::query("SELECT 1")
-            .execute(state.catalog.db())
-            .await
-            .map(|_| ())
-    });
+    let (ping, policy, pg) =
+        tokio::join!(state.store.ping(), state.store.eviction_policy(), async {
+            sqlx::query("SELECT 1")
+                .execute(state.catalog.db())
+                .await
+                .map(|_| ())
+        });
     let draining = state.is_draining();
-    let ok = redis.is_ok() && pg.is_ok() && !draining;
+    let redis = match (ping, policy) {
+        (Err(_), _) => "unreachable",
+        (Ok(()), Ok(Some(p))) if p != "noeviction" => "evicting",
+        _ => "ok",
+    };
+    let ok = redis == "ok" && pg.is_ok() && !draining;
     let body = Readiness {
-        redis: if redis.is_ok() { "ok" } else { "unreachable" },
+        redis,
         postgres: if pg.is_ok() { "ok" } else { "unreachable" },
         draining,
     };

@@ -4,10 +4,10 @@
 use std::time::Duration;
 
 use redis::Value;
-use uuid::Uuid;
 
 use super::{Winner, READ_COUNT};
 use crate::error::StoreError;
+use crate::record::ClaimRecord;
 use crate::scripts::SCRIPTS;
 use crate::store::Store;
 
@@ -120,27 +120,19 @@ fn parse_entry(sku: &str, v: Value) -> Option<Winner> {
     None
 }
 
-/// Unpacks a winner's record `claim_id|quantity|ms|remaining|len(user)|user idem` (see
-/// claim.lua).
+/// Unpacks a winner's record (see [`ClaimRecord`]).
 fn parse_packed(sku: &str, entry_id: String, c: &str) -> Option<Winner> {
-    let mut head = c.splitn(6, '|');
-    let claim_id = Uuid::parse_str(head.next()?).ok()?;
-    let quantity: i32 = head.next()?.parse().ok()?;
-    let created_ms: i64 = head.next()?.parse().ok()?;
-    let remaining_after: Option<i64> = head.next()?.parse().ok();
-    let user_len: usize = head.next()?.parse().ok()?;
-    let rest = head.next()?;
-    let user = rest.get(..user_len)?.to_string();
-    let idem = rest.get(user_len..)?;
-    (quantity > 0).then(|| Winner {
+    let r = ClaimRecord::parse(c)?;
+    Some(Winner {
         entry_id,
-        claim_id,
+        claim_id: r.claim_id,
         sku: sku.to_string(),
-        user,
-        quantity,
-        idempotency_key: (!idem.is_empty()).then(|| idem.to_string()),
-        remaining_after,
-        created_ms,
+        user: r.user,
+        quantity: i32::try_from(r.quantity).ok()?,
+        idempotency_key: r.idempotency_key,
+        remaining_after: Some(r.remaining),
+        created_ms: r.created_ms,
+        seq: r.seq,
     })
 }
 
@@ -170,17 +162,21 @@ pub async fn ack(store: &Store, sku: &str, winners: &[Winner]) -> Result<(), Sto
 #[cfg(test)]
 mod tests {
     use super::*;
+    use uuid::Uuid;
 
     #[test]
     fn packed_entries_keep_separators_inside_user_and_key() {
         let id = Uuid::now_v7();
-        let w = parse_packed("s", "1-0".into(), &format!("{id}|2|1700|40|3|a|bk|ey")).unwrap();
-        assert_eq!((w.claim_id, w.quantity, w.created_ms), (id, 2, 1700));
+        let w = parse_packed("s", "1-0".into(), &format!("{id}|2|1700|40|9|3|a|bk|ey")).unwrap();
+        assert_eq!(
+            (w.claim_id, w.quantity, w.created_ms, w.seq),
+            (id, 2, 1700, 9)
+        );
         assert_eq!(w.remaining_after, Some(40));
         assert_eq!(w.user, "a|b");
         assert_eq!(w.idempotency_key.as_deref(), Some("k|ey"));
-        let w = parse_packed("s", "1-0".into(), &format!("{id}|1|1|0|1|u")).unwrap();
+        let w = parse_packed("s", "1-0".into(), &format!("{id}|1|1|0|1|1|u")).unwrap();
         assert_eq!((w.user.as_str(), w.idempotency_key), ("u", None));
-        assert!(parse_packed("s", "1-0".into(), &format!("{id}|1|1|0|9|u")).is_none());
+        assert!(parse_packed("s", "1-0".into(), &format!("{id}|1|1|0|1|9|u")).is_none());
     }
 }

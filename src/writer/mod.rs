@@ -17,6 +17,7 @@ use uuid::Uuid;
 
 use crate::catalog;
 use crate::error::{DbError, StoreError};
+use crate::freshness::{self, Marks};
 use crate::metrics as m;
 use crate::store::Store;
 
@@ -72,6 +73,8 @@ pub struct Winner {
     pub idempotency_key: Option<String>,
     pub remaining_after: Option<i64>,
     pub created_ms: i64,
+    /// The SKU state's sequence this winner produced (see [`crate::freshness`]).
+    pub seq: i64,
 }
 
 /// Moves journaled winners into PostgreSQL.
@@ -86,6 +89,8 @@ pub struct Writer {
     claim_idle: Duration,
     /// Delay before a parked row's first retry (DROPGATE_REPROCESS_BACKOFF_MS).
     first_retry: Duration,
+    /// The ledger's high-water marks, raised after every batch (the claim path reads them).
+    marks: Arc<Marks>,
 }
 
 impl Writer {
@@ -95,6 +100,7 @@ impl Writer {
         signal: Arc<WriterSignal>,
         claim_idle: Duration,
         first_retry: Duration,
+        marks: Arc<Marks>,
     ) -> Self {
         Writer {
             store,
@@ -103,6 +109,7 @@ impl Writer {
             signal,
             claim_idle,
             first_retry,
+            marks,
         }
     }
 
@@ -203,6 +210,8 @@ impl Writer {
         winners.dedup_by(|a, b| a.entry_id == b.entry_id);
         let started = Instant::now();
         write_batch(&self.db, &winners, self.first_retry).await?;
+        let written: Vec<(i64, Uuid)> = winners.iter().map(|w| (w.seq, w.claim_id)).collect();
+        freshness::record_batch(&self.db, &self.store, &self.marks, sku, &written).await?;
         m::writer_batch(winners.len(), started.elapsed());
         let now = crate::claims::now_ms();
         for w in &winners {

@@ -10,10 +10,11 @@ use crate::error::DbError;
 use crate::metrics as m;
 
 const INSERT_ISSUANCES: &str = "INSERT INTO issuances
-      (claim_id, sku, user_id, quantity, idempotency_key, remaining_after, created_at)
-    SELECT c, s, u, q, k, r, to_timestamp(ms::double precision / 1000)
-      FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::int8[], $7::int8[])
-        AS t(c, s, u, q, k, r, ms)
+      (claim_id, sku, user_id, quantity, idempotency_key, remaining_after, created_at, seq)
+    SELECT c, s, u, q, k, r, to_timestamp(ms::double precision / 1000), n
+      FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::int8[], $7::int8[],
+                  $8::int8[])
+        AS t(c, s, u, q, k, r, ms, n)
     ON CONFLICT (claim_id) DO NOTHING";
 
 /// Inserts winners in one statement; when PostgreSQL refuses the batch, splits it so the good
@@ -59,6 +60,7 @@ async fn insert(db: &PgPool, rows: &[Winner]) -> Result<(), DbError> {
         )
         .bind(rows.iter().map(|w| w.remaining_after).collect::<Vec<_>>())
         .bind(rows.iter().map(|w| w.created_ms).collect::<Vec<_>>())
+        .bind(rows.iter().map(|w| w.seq).collect::<Vec<_>>())
         .execute(db)
         .await?;
     Ok(())
@@ -70,9 +72,9 @@ async fn park(db: &PgPool, w: &Winner, reason: &str, first_retry: Duration) -> R
     sqlx::query(
         "INSERT INTO persistence_pending
            (claim_id, sku, user_id, quantity, idempotency_key, remaining_after, created_at,
-            failure_reason, next_attempt_at)
+            failure_reason, next_attempt_at, seq)
          VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7::double precision / 1000), $8,
-                 now() + make_interval(secs => $9::double precision / 1000))
+                 now() + make_interval(secs => $9::double precision / 1000), $10)
          ON CONFLICT (claim_id) DO NOTHING",
     )
     .bind(w.claim_id)
@@ -84,6 +86,7 @@ async fn park(db: &PgPool, w: &Winner, reason: &str, first_retry: Duration) -> R
     .bind(w.created_ms)
     .bind(reason)
     .bind(first_retry.as_millis() as f64)
+    .bind(w.seq)
     .execute(db)
     .await?;
     Ok(())

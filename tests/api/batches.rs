@@ -38,7 +38,7 @@ async fn a_batch_applies_limits_duplicates_and_sell_out_in_order() {
         input("d", 1, None),       // wins the last unit
         input("e", 1, None),       // sold out
     ];
-    let d = scripts::claim(&mut con, &keys, &batch, 1_700_000_000_000)
+    let d = scripts::claim(&mut con, &keys, &batch, 1_700_000_000_000, 0)
         .await
         .unwrap();
     assert_eq!(d[0], Decision::Won { remaining: 3 });
@@ -84,14 +84,14 @@ async fn a_batch_answers_like_the_same_claims_sent_one_by_one() {
         })
         .collect();
     let (mut together, keys_a) = seeded_sku(20, 3).await;
-    let batched = scripts::claim(&mut together, &keys_a, &claims, 1)
+    let batched = scripts::claim(&mut together, &keys_a, &claims, 1, 0)
         .await
         .unwrap();
     let (mut alone, keys_b) = seeded_sku(20, 3).await;
     let mut single = Vec::new();
     for c in &claims {
         single.extend(
-            scripts::claim(&mut alone, &keys_b, std::slice::from_ref(c), 1)
+            scripts::claim(&mut alone, &keys_b, std::slice::from_ref(c), 1, 0)
                 .await
                 .unwrap(),
         );
@@ -111,6 +111,7 @@ async fn a_batch_on_a_lost_sku_changes_nothing() {
         &keys,
         &[input("a", 1, Some("k")), input("b", 1, None)],
         1,
+        0,
     )
     .await;
     assert!(
@@ -134,13 +135,13 @@ async fn a_fenced_claim_id_can_no_longer_win_and_moves_nothing() {
     let late = input("late", 1, Some("k"));
     // The resolver of a timed-out call found nothing and fenced the id...
     assert_eq!(
-        scripts::resolve_claim(&mut con, &keys, &late.claim_id)
+        scripts::resolve_claims(&mut con, &keys, &[late.claim_id])
             .await
             .unwrap(),
-        None
+        vec![None]
     );
     // ...so the original call, arriving afterwards, is refused without touching stock.
-    let d = scripts::claim(&mut con, &keys, std::slice::from_ref(&late), 1)
+    let d = scripts::claim(&mut con, &keys, std::slice::from_ref(&late), 1, 0)
         .await
         .unwrap();
     assert_eq!(d, vec![Decision::Fenced]);
@@ -149,13 +150,13 @@ async fn a_fenced_claim_id_can_no_longer_win_and_moves_nothing() {
     assert_eq!(journal_len(&mut con, &keys).await, 0);
     // A winner's record is what the resolver reads back.
     let won = input("w", 1, None);
-    scripts::claim(&mut con, &keys, std::slice::from_ref(&won), 1)
+    scripts::claim(&mut con, &keys, std::slice::from_ref(&won), 1, 0)
         .await
         .unwrap();
-    let remaining = scripts::resolve_claim(&mut con, &keys, &won.claim_id)
+    let remaining = scripts::resolve_claims(&mut con, &keys, &[won.claim_id])
         .await
         .unwrap();
-    assert_eq!(remaining, Some(2));
+    assert_eq!(remaining, vec![Some(2)]);
 }
 
 #[tokio::test]
@@ -166,6 +167,7 @@ async fn huge_stock_and_limits_decide_like_small_ones() {
         &keys,
         &[input("u", 1, None), input("u", 5, Some("k"))],
         1,
+        0,
     )
     .await
     .unwrap();

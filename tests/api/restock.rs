@@ -1,60 +1,83 @@
 //! restock.lua and compensate.lua: each moves stock at most once, and only for the caller that
 //! may (one operation id; the latest fencer of a parked claim).
 
-use std::time::Duration;
-
-use dropgate::scripts::{self, Restocked};
+use dropgate::scripts::{self, RestockMode, Restocked};
 use uuid::Uuid;
 
 use crate::helpers::{script_stock, seeded_sku};
 
-const T: Duration = Duration::from_secs(2);
+const APPLY: RestockMode = RestockMode::Apply;
 
 #[tokio::test]
 async fn a_restock_operation_sent_twice_moves_the_stock_once() {
     let (mut con, keys) = seeded_sku(10, 1).await;
     let op = Uuid::now_v7();
     assert_eq!(
-        scripts::restock(&mut con, &keys, &op, 5, T).await.unwrap(),
-        Restocked::Applied(15)
+        scripts::restock(&mut con, &keys, &op, 5, APPLY)
+            .await
+            .unwrap(),
+        Restocked::Applied {
+            remaining: 15,
+            seq: 1
+        }
     );
     assert_eq!(
-        scripts::restock(&mut con, &keys, &op, 5, T).await.unwrap(),
-        Restocked::Applied(15)
+        scripts::restock(&mut con, &keys, &op, 5, APPLY)
+            .await
+            .unwrap(),
+        Restocked::Applied {
+            remaining: 15,
+            seq: 1
+        }
     );
     let other = Uuid::now_v7();
     assert_eq!(
-        scripts::restock(&mut con, &keys, &other, -16, T)
+        scripts::restock(&mut con, &keys, &other, -16, APPLY)
             .await
             .unwrap(),
         Restocked::Refused
     );
     assert_eq!(
-        scripts::restock(&mut con, &keys, &other, -15, T)
+        scripts::restock(&mut con, &keys, &other, -15, APPLY)
             .await
             .unwrap(),
-        Restocked::Applied(0)
+        Restocked::Applied {
+            remaining: 0,
+            seq: 2
+        }
     );
 }
 
 #[tokio::test]
-async fn a_restock_that_timed_out_is_read_back_and_fenced() {
+async fn a_restock_read_back_before_it_ran_is_fenced_and_never_applies() {
     let (mut con, keys) = seeded_sku(10, 1).await;
-    // A zero timeout gives up at once: the outcome is resolved by reading. Whichever way the
-    // race went, the answer and the stock agree, and a late send cannot apply it afterwards.
     let op = Uuid::now_v7();
-    let outcome = scripts::restock(&mut con, &keys, &op, 7, Duration::ZERO)
+    // The apply's answer was lost and the read-back came first: not applied, and fenced...
+    let read = scripts::restock(&mut con, &keys, &op, 7, RestockMode::Resolve)
         .await
         .unwrap();
-    let stock = script_stock(&mut con, &keys).await;
-    match outcome {
-        Restocked::Applied(n) => assert_eq!((n, stock), (17, 17)),
-        Restocked::NotApplied => assert_eq!(stock, 10),
-        Restocked::Refused => panic!("a positive delta is never refused"),
-    }
-    let again = scripts::restock(&mut con, &keys, &op, 7, T).await.unwrap();
-    let after = script_stock(&mut con, &keys).await;
-    assert_eq!(after, stock, "{again:?}");
+    assert_eq!(read, Restocked::NotApplied);
+    // ...so the apply, arriving late, moves nothing.
+    let late = scripts::restock(&mut con, &keys, &op, 7, APPLY)
+        .await
+        .unwrap();
+    assert_eq!(late, Restocked::NotApplied);
+    assert_eq!(script_stock(&mut con, &keys).await, 10);
+    // An applied operation reads back as applied, with the sequence it produced.
+    let done = Uuid::now_v7();
+    scripts::restock(&mut con, &keys, &done, 3, APPLY)
+        .await
+        .unwrap();
+    let read = scripts::restock(&mut con, &keys, &done, 3, RestockMode::Resolve)
+        .await
+        .unwrap();
+    assert_eq!(
+        read,
+        Restocked::Applied {
+            remaining: 13,
+            seq: 1
+        }
+    );
 }
 
 /// compensate.lua as two racing reprocessors would call it (mode, owner).
@@ -91,7 +114,7 @@ async fn a_claim_is_compensated_once_and_only_by_its_latest_fencer() {
         quantity: 2,
         idempotency_key: None,
     };
-    scripts::claim(&mut con, &keys, std::slice::from_ref(&won), 1)
+    scripts::claim(&mut con, &keys, std::slice::from_ref(&won), 1, 0)
         .await
         .unwrap();
     let id = won.claim_id;

@@ -1,0 +1,90 @@
+//! A winner's record, as `claim.lua` writes it once and uses twice (the idempotency record and
+//! the journal entry): `claim_id|quantity|created_ms|remaining|seq|len(user)|user idem`.
+//!
+//! The user id is length-prefixed and the Idempotency-Key is the rest, so either may hold `|`.
+
+use uuid::Uuid;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimRecord {
+    pub claim_id: Uuid,
+    pub quantity: u32,
+    pub created_ms: i64,
+    /// Stock left right after this claim won.
+    pub remaining: i64,
+    /// The SKU state's sequence right after this claim won (see `lua/claim.lua`).
+    pub seq: i64,
+    pub user: String,
+    pub idempotency_key: Option<String>,
+}
+
+impl ClaimRecord {
+    pub fn parse(raw: &str) -> Option<ClaimRecord> {
+        let mut it = raw.splitn(7, '|');
+        let claim_id = Uuid::parse_str(it.next()?).ok()?;
+        let quantity: u32 = it.next()?.parse().ok()?;
+        let created_ms = it.next()?.parse().ok()?;
+        let remaining = it.next()?.parse().ok()?;
+        let seq = it.next()?.parse().ok()?;
+        let user_len: usize = it.next()?.parse().ok()?;
+        let rest = it.next()?;
+        let user = rest.get(..user_len)?.to_string();
+        let idem = rest.get(user_len..)?;
+        (quantity > 0).then(|| ClaimRecord {
+            claim_id,
+            quantity,
+            created_ms,
+            remaining,
+            seq,
+            user,
+            idempotency_key: (!idem.is_empty()).then(|| idem.to_string()),
+        })
+    }
+
+    /// Renders the record claim.lua would have written (restore rebuilds idempotency records).
+    pub fn render(&self) -> String {
+        format!(
+            "{}|{}|{}|{}|{}|{}|{}{}",
+            self.claim_id,
+            self.quantity,
+            self.created_ms,
+            self.remaining,
+            self.seq,
+            self.user.len(),
+            self.user,
+            self.idempotency_key.as_deref().unwrap_or("")
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_with_separators_inside_user_and_key() {
+        let rec = ClaimRecord {
+            claim_id: Uuid::now_v7(),
+            quantity: 2,
+            created_ms: 1_700_000_000_000,
+            remaining: 40,
+            seq: 7,
+            user: "a|b".into(),
+            idempotency_key: Some("k|ey".into()),
+        };
+        assert_eq!(ClaimRecord::parse(&rec.render()), Some(rec.clone()));
+        let bare = ClaimRecord {
+            idempotency_key: None,
+            ..rec
+        };
+        assert_eq!(ClaimRecord::parse(&bare.render()), Some(bare));
+    }
+
+    #[test]
+    fn garbage_is_not_a_record() {
+        let id = Uuid::now_v7();
+        assert!(ClaimRecord::parse("void").is_none());
+        assert!(ClaimRecord::parse(&format!("{id}|1|1|0|1|9|u")).is_none());
+        assert!(ClaimRecord::parse(&format!("{id}|0|1|0|1|1|u")).is_none());
+    }
+}

@@ -1,0 +1,244 @@
+//! Restore: rebuilding a SKU's Redis state from the ledger, after Redis lost it or came back
+//! with older data (a stale state).
+//!
+//! Work grows with the ledger, so it is done in bounded chunks: the live claims are streamed
+//! from PostgreSQL, idempotency records and per-user counts are written [`CHUNK`] at a time,
+//! the counts into a staging key that the final script moves into place with the state hash
+//! itself, so claims stay closed until everything is back.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures_util::TryStreamExt;
+use redis::aio::ConnectionManager;
+
+use crate::catalog::{self, Catalog};
+use crate::config::RECORD_TTL_SECS;
+use crate::error::StoreError;
+use crate::inventory::{InventoryError, Refusal, SkuLock};
+use crate::keys::SkuKeys;
+use crate::ledger::{view, SkuView};
+use crate::record::ClaimRecord;
+use crate::scripts::SCRIPTS;
+use crate::store::Store;
+
+/// Redis writes per pipeline: bounds the memory and the time of each round trip.
+const CHUNK: usize = 5_000;
+/// How long a restore waits for the writer to empty the SKU's journal.
+const JOURNAL_DRAIN_LIMIT: Duration = Duration::from_secs(15);
+
+/// Rebuilds the SKU's Redis state from the ledger. A state marked stale is rebuilt without
+/// `force` (it is known to be wrong); any other present state needs `force`.
+///
+/// # Errors
+/// [`Refusal::StatePresent`] when Redis holds the SKU and `force` is off, or infrastructure
+/// errors.
+pub async fn restore(
+    store: &Store,
+    catalog: &Catalog,
+    sku: &str,
+    force: bool,
+) -> Result<SkuView, InventoryError> {
+    let db = catalog.db();
+    // One operator action per SKU at a time, across gateways: no restock moves the total
+    // while the stock is computed from it.
+    let _lock = SkuLock::acquire(db, sku).await?;
+    let row = catalog::fetch(db, sku)
+        .await?
+        .ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
+    let keys = store.keys(sku);
+    let mut con = store.hot();
+    let (stock, seq, stale): (Option<i64>, Option<i64>, Option<String>) = store
+        .bounded(async {
+            Ok(redis::cmd("HMGET")
+                .arg(keys.state())
+                .arg("stock")
+                .arg("seq")
+                .arg("stale")
+                .query_async(&mut con)
+                .await?)
+        })
+        .await?;
+    let present = stock.is_some();
+    if present && stale.is_none() && !force {
+        return Err(InventoryError::Refused(Refusal::StatePresent));
+    }
+    if present {
+        // Close the SKU first (claims fail closed), so the ledger stops moving under us.
+        store
+            .bounded(async {
+                Ok(redis::cmd("DEL")
+                    .arg(keys.state())
+                    .query_async::<()>(&mut con)
+                    .await?)
+            })
+            .await?;
+    }
+    // Winners decided before the close must be in the ledger before it is read, or their units
+    // would be counted nowhere (and sold again).
+    wait_for_empty_journal(store, &keys).await?;
+    let mark: i64 = sqlx::query_scalar("SELECT redis_seq FROM skus WHERE sku = $1")
+        .bind(sku)
+        .fetch_one(db)
+        .await?;
+    // Above every sequence either store has seen, so no gateway's mark is ahead of it.
+    let new_seq = mark.max(seq.unwrap_or(0)) + 1;
+    let (units, users) = stage_live_claims(store, &mut con, &keys, db, sku).await?;
+    let mut stock = row.total - units;
+    if stock < 0 {
+        tracing::error!(
+            sku,
+            oversold = -stock,
+            "the ledger holds more live units than the total"
+        );
+        stock = 0;
+    }
+    let applied: i64 = store
+        .bounded(async {
+            Ok(SCRIPTS
+                .restore_sku
+                .key(keys.state())
+                .key(keys.users())
+                .key(keys.journal())
+                .key(keys.users_restore())
+                .arg(stock)
+                .arg(row.per_user_limit)
+                .arg(new_seq)
+                .arg(row.declare_id.to_string())
+                .invoke_async(&mut con)
+                .await?)
+        })
+        .await?;
+    if applied != 1 {
+        return Err(InventoryError::Refused(Refusal::StatePresent));
+    }
+    sqlx::query(
+        "UPDATE skus SET seeded = true, redis_seq = GREATEST(redis_seq, $2) WHERE sku = $1",
+    )
+    .bind(sku)
+    .bind(new_seq)
+    .execute(db)
+    .await?;
+    tracing::info!(
+        sku,
+        units,
+        users,
+        force,
+        stale = stale.as_deref().unwrap_or(""),
+        "restored the SKU's Redis state from the ledger"
+    );
+    view(store, catalog, sku).await
+}
+
+#[derive(sqlx::FromRow)]
+struct LiveClaim {
+    claim_id: uuid::Uuid,
+    user_id: String,
+    quantity: i64,
+    idempotency_key: Option<String>,
+    remaining_after: Option<i64>,
+    seq: Option<i64>,
+    created_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// Streams the claims that hold units (written and live, or refused and not yet compensated),
+/// writes their idempotency records and stages the per-user counts, a chunk at a time.
+/// Returns the live units and the number of users holding them.
+async fn stage_live_claims(
+    store: &Store,
+    con: &mut ConnectionManager,
+    keys: &SkuKeys,
+    db: &sqlx::PgPool,
+    sku: &str,
+) -> Result<(i64, usize), InventoryError> {
+    let mut rows = sqlx::query_as::<_, LiveClaim>(
+        "SELECT claim_id, user_id, quantity::bigint AS quantity, idempotency_key,
+                remaining_after, seq, created_at
+           FROM issuances WHERE sku = $1 AND status IN ('issued', 'held', 'confirmed')
+         UNION ALL
+         SELECT claim_id, user_id, quantity::bigint, idempotency_key, remaining_after, seq,
+                created_at
+           FROM persistence_pending WHERE sku = $1 AND status IN ('pending', 'reprocessing')",
+    )
+    .bind(sku)
+    .fetch(db);
+    let mut held: HashMap<String, i64> = HashMap::new();
+    let mut units = 0i64;
+    let mut pipe = redis::pipe();
+    let mut queued = 0usize;
+    while let Some(c) = rows.try_next().await.map_err(crate::error::DbError::from)? {
+        units += c.quantity;
+        *held.entry(c.user_id.clone()).or_default() += c.quantity;
+        if let Some(k) = c.idempotency_key {
+            let key = keys.idempotency(&c.user_id, &k);
+            let record = ClaimRecord {
+                claim_id: c.claim_id,
+                quantity: c.quantity as u32,
+                created_ms: c.created_at.timestamp_millis(),
+                remaining: c.remaining_after.unwrap_or(0),
+                seq: c.seq.unwrap_or(0),
+                user: c.user_id,
+                idempotency_key: Some(k),
+            };
+            pipe.set_ex(key, record.render(), RECORD_TTL_SECS).ignore();
+            queued += 1;
+            if queued == CHUNK {
+                flush(store, con, &mut pipe).await?;
+                queued = 0;
+            }
+        }
+    }
+    flush(store, con, &mut pipe).await?;
+    let staged = keys.users_restore();
+    pipe.del(&staged).ignore();
+    for (i, (user, n)) in held.iter().enumerate() {
+        pipe.hset(&staged, user, *n).ignore();
+        if (i + 1) % CHUNK == 0 {
+            flush(store, con, &mut pipe).await?;
+        }
+    }
+    flush(store, con, &mut pipe).await?;
+    Ok((units, held.len()))
+}
+
+async fn flush(
+    store: &Store,
+    con: &mut ConnectionManager,
+    pipe: &mut redis::Pipeline,
+) -> Result<(), StoreError> {
+    if pipe.is_empty() {
+        return Ok(());
+    }
+    let sent = std::mem::take(pipe);
+    store
+        .bounded(async { Ok(sent.query_async::<()>(con).await?) })
+        .await
+}
+
+async fn wait_for_empty_journal(store: &Store, keys: &SkuKeys) -> Result<(), StoreError> {
+    let deadline = tokio::time::Instant::now() + JOURNAL_DRAIN_LIMIT;
+    loop {
+        let mut con = store.hot();
+        let len: i64 = store
+            .bounded(async {
+                Ok(redis::cmd("XLEN")
+                    .arg(keys.journal())
+                    .query_async(&mut con)
+                    .await?)
+            })
+            .await?;
+        if len == 0 {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            tracing::warn!(
+                journal = len,
+                "restore gave up waiting for the writer; the SKU stays closed"
+            );
+            return Err(StoreError::Unavailable(format!(
+                "{len} winners not yet written"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
