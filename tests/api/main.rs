@@ -9,5 +9,8 @@ mod durability;
 mod faults;
 mod helpers;
 mod http;
+mod operators;
 mod restock;
+mod rollback;
 mod services;
+mod stalls;

@@ -110,6 +110,34 @@ impl PrivateRedis {
         }
     }
 
+    /// Copies the data directory as it is now: an older snapshot to come back from later.
+    pub fn snapshot(&self) -> PathBuf {
+        let copy = scratch_dir("redis-snapshot");
+        let ok = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(format!("{}/.", self.dir.display()))
+            .arg(&copy)
+            .status()
+            .expect("cp is available")
+            .success();
+        assert!(ok, "copying the Redis data directory");
+        copy
+    }
+
+    /// Replaces the data directory with `snapshot` (call while killed): the next restart comes
+    /// back with the older data, as after a restore from an old RDB or a lost AOF tail.
+    pub fn roll_back_to(&self, snapshot: &std::path::Path) {
+        self.wipe();
+        let ok = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(format!("{}/.", snapshot.display()))
+            .arg(&self.dir)
+            .status()
+            .expect("cp is available")
+            .success();
+        assert!(ok, "restoring the Redis data directory");
+    }
+
     /// Forgets everything, as a Redis without persistence does on restart.
     pub fn wipe(&self) {
         let _ = std::fs::remove_dir_all(&self.dir);
