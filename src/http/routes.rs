@@ -76,17 +76,7 @@ async fn claim(state: &AppState, sku: &str, req: Request<Incoming>) -> Result<Re
         .buyer(header(&req, AUTHORIZATION.as_str()), Some(sku))
         .map_err(|_| ApiError::Unauthorized)?;
     check_sku(sku)?;
-    let idempotency_key = match header(&req, "idempotency-key") {
-        None => None,
-        Some(k) if (1..=255).contains(&k.len()) && k.bytes().all(|b| b.is_ascii_graphic()) => {
-            Some(k.to_string())
-        }
-        Some(_) => {
-            return Err(ApiError::BadRequest(
-                "Idempotency-Key must be 1-255 visible ASCII characters".into(),
-            ))
-        }
-    };
+    let idempotency_key = idempotency_key(&req)?;
     let quantity = claim_quantity(&read_body(req).await?)?;
     let entry = state.catalog.get(sku).await?.ok_or(ApiError::UnknownSku)?;
     if quantity < 1 || quantity > i64::from(entry.per_user_limit) {
@@ -109,6 +99,24 @@ async fn claim(state: &AppState, sku: &str, req: Request<Incoming>) -> Result<Re
         Outcome::Shed => return Err(ApiError::Overloaded),
     };
     Ok(won_response(sku, &user, &won, replayed))
+}
+
+/// The `Idempotency-Key`, judged on its raw bytes: a key that is not visible ASCII must be
+/// refused, not read as "no key", or every retry of that request would claim afresh.
+fn idempotency_key(req: &Request<Incoming>) -> Result<Option<String>> {
+    let mut values = req.headers().get_all("idempotency-key").iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    let bytes = value.as_bytes();
+    let valid = (1..=255).contains(&bytes.len()) && bytes.iter().all(u8::is_ascii_graphic);
+    match value.to_str() {
+        // Two keys on one request leave no single request to replay.
+        Ok(key) if valid && values.next().is_none() => Ok(Some(key.to_string())),
+        _ => Err(ApiError::BadRequest(
+            "Idempotency-Key must be one value of 1-255 visible ASCII characters".into(),
+        )),
+    }
 }
 
 /// Decodes a claim body: empty means one unit. The range check against the SKU's limit comes

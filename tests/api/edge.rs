@@ -1,0 +1,41 @@
+//! The HTTP edge: what a hostile or careless client can hold or smuggle in before a handler
+//! decides anything (header values, token subjects, slow bodies, idle and surplus connections).
+
+use reqwest::header::HeaderValue;
+
+use crate::helpers::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotency_key_that_is_not_visible_ascii_is_refused_and_changes_nothing() {
+    let app = spawn_app().await;
+    app.declare("ik", 5, 2).await;
+    for key in [&b"order-\xe9"[..], b"", b"a b", &[b'k'; 256][..]] {
+        for _ in 0..2 {
+            let r = app
+                .http
+                .post(format!("{}/v1/skus/ik/claims", app.base))
+                .bearer_auth(token("buyer"))
+                .header("idempotency-key", HeaderValue::from_bytes(key).unwrap())
+                .json(&serde_json::json!({"quantity": 1}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 400, "key {key:?}");
+            assert_eq!(r.headers()["content-type"], "application/problem+json");
+            assert_eq!(code(&r.json().await.unwrap()), "bad_request");
+        }
+    }
+    // Two keys on one request are ambiguous: refused too.
+    let r = app
+        .http
+        .post(format!("{}/v1/skus/ik/claims", app.base))
+        .bearer_auth(token("buyer"))
+        .header("idempotency-key", "one")
+        .header("idempotency-key", "two")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(app.stock("ik").await, Some(5));
+    assert_eq!(app.held("ik", "buyer").await, 0);
+}
