@@ -1,6 +1,7 @@
 //! The HTTP edge: what a hostile or careless client can hold or smuggle in before a handler
 //! decides anything (header values, token subjects, slow bodies, idle and surplus connections).
 
+use dropgate::config::Secret;
 use reqwest::header::HeaderValue;
 
 use crate::helpers::*;
@@ -38,4 +39,35 @@ async fn an_idempotency_key_that_is_not_visible_ascii_is_refused_and_changes_not
     assert_eq!(r.status(), 400);
     assert_eq!(app.stock("ik").await, Some(5));
     assert_eq!(app.held("ik", "buyer").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_whose_user_id_is_empty_too_long_or_holds_control_characters_is_refused() {
+    let app = spawn_app().await;
+    app.declare("sub", 5, 1).await;
+    let long = "u".repeat(129);
+    for sub in ["a\u{0}b", "tab\there", "del\u{7f}", "c1\u{85}", "", long.as_str()] {
+        let t = dropgate::auth::mint(&Secret::new(SECRET), sub, None, 600).unwrap();
+        let r = app
+            .http
+            .post(format!("{}/v1/skus/sub/claims", app.base))
+            .bearer_auth(&t)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401, "sub {sub:?}");
+        assert_eq!(code(&r.json().await.unwrap()), "unauthorized");
+    }
+    assert_eq!(app.stock("sub").await, Some(5));
+    // The longest allowed id, in characters rather than bytes, still buys.
+    let widest = "é".repeat(128);
+    let t = dropgate::auth::mint(&Secret::new(SECRET), &widest, None, 600).unwrap();
+    let r = app
+        .http
+        .post(format!("{}/v1/skus/sub/claims", app.base))
+        .bearer_auth(&t)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
 }
