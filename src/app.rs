@@ -128,7 +128,13 @@ impl Application {
             }
         };
         tokio::join!(
-            crate::http::serve(self.listener, state, shutdown, grace),
+            crate::http::serve(
+                self.listener,
+                state,
+                shutdown,
+                grace,
+                self.config.max_connections
+            ),
             draining
         );
         // Requests are done: no new winners can appear; let the writer flush what is left.

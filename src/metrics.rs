@@ -97,3 +97,7 @@ pub fn compensated(units: i64) {
     counter!("dropgate_compensations_total").increment(1);
     counter!("dropgate_compensated_units_total").increment(units as u64);
 }
+
+pub fn connection_refused() {
+    counter!("dropgate_connections_refused_total").increment(1);
+}

@@ -4,8 +4,9 @@ use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use serde::Deserialize;
 
+use super::limits::read_body;
 use super::problem::{ApiError, Body};
-use super::routes::{admin, check_sku, json, parse, read_body, Result};
+use super::routes::{admin, check_sku, json, parse, Result};
 use crate::app::AppState;
 use crate::{catalog, inventory, ledger};
 

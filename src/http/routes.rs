@@ -2,20 +2,20 @@
 //! input changes nothing.
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, LOCATION};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, LOCATION};
 use hyper::{Method, Request, Response, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::admin;
+use super::limits::read_body;
 use super::problem::{ApiError, Body};
 use crate::app::AppState;
 use crate::catalog::valid_sku_id;
 use crate::claims::{Outcome, WonClaim};
-use crate::config::MAX_BODY_BYTES;
 use crate::{ledger, metrics as m};
 
 pub(super) type Result<T> = std::result::Result<T, ApiError>;
@@ -250,28 +250,6 @@ pub(super) fn check_sku(sku: &str) -> Result<()> {
 
 pub(super) fn header<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
     req.headers().get(name).and_then(|v| v.to_str().ok())
-}
-
-/// Reads the body, refusing more than 16 KiB before reading it when the length is declared.
-pub(super) async fn read_body(req: Request<Incoming>) -> Result<Bytes> {
-    let declared = req
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
-        return Err(ApiError::PayloadTooLarge);
-    }
-    match Limited::new(req.into_body(), MAX_BODY_BYTES)
-        .collect()
-        .await
-    {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::PayloadTooLarge),
-        Err(_) => Err(ApiError::BadRequest(
-            "could not read the request body".into(),
-        )),
-    }
 }
 
 pub(super) fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T> {
