@@ -54,6 +54,8 @@ impl Application {
         let db = crate::db::connect_and_migrate(&config.database_url)
             .await
             .context("connecting to PostgreSQL")?;
+        let requests_db =
+            crate::db::request_pool(&config.database_url).context("configuring PostgreSQL")?;
         let store = Store::connect(&config.redis_url, &config.key_prefix, config.redis_timeout)
             .await
             .context("connecting to Redis")?;
@@ -62,7 +64,7 @@ impl Application {
             .with_context(|| format!("binding {}", config.listen))?;
         let wake = Arc::new(WriterSignal::default());
         let state = Arc::new(AppState {
-            catalog: Catalog::new(db.clone()),
+            catalog: Catalog::new(requests_db),
             verifier: Verifier::new(&config.admission_secret, config.admin_token.clone()),
             claims: ClaimService::new(
                 store.clone(),

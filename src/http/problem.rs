@@ -7,6 +7,7 @@ use hyper::header::{HeaderMap, HeaderValue, CONNECTION, CONTENT_TYPE, RETRY_AFTE
 use hyper::{Response, StatusCode};
 use serde::Serialize;
 
+use crate::catalog::CatalogError;
 use crate::config::BODY_READ_TIMEOUT;
 use crate::error::{DbError, StoreError};
 use crate::inventory::{InventoryError, Refusal};
@@ -214,6 +215,15 @@ impl ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         ApiError::Unavailable(e)
+    }
+}
+
+impl From<CatalogError> for ApiError {
+    fn from(e: CatalogError) -> Self {
+        match e {
+            CatalogError::Db(e) => ApiError::Database(e),
+            CatalogError::Busy => ApiError::Overloaded,
+        }
     }
 }
 
