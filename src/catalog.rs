@@ -201,6 +201,11 @@ impl Catalog {
         self.negatives.load(Ordering::Relaxed)
     }
 
+    /// Entries of either kind in the cache (counted in the map itself).
+    pub fn cached_entries(&self) -> usize {
+        self.cache.len()
+    }
+
     fn refresh_in_background(&self, sku: &str) {
         // Re-stamp first so one stale entry starts one refresh, not one per request.
         if let Some(mut e) = self.cache.get_mut(sku) {
