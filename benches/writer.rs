@@ -49,6 +49,7 @@ fn winners(n: usize) -> Vec<Winner> {
                 idempotency_key: None,
                 remaining_after: Some(1_000_000 - (seq % 1_000_000) as i64),
                 created_ms: now,
+                seq: seq as i64,
             }
         })
         .collect()

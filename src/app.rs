@@ -56,6 +56,8 @@ impl Application {
         let db = crate::db::connect_and_migrate(&config.database_url)
             .await
             .context("connecting to PostgreSQL")?;
+        let requests_db =
+            crate::db::request_pool(&config.database_url).context("configuring PostgreSQL")?;
         let store = Store::connect(&config.redis_url, &config.key_prefix, config.redis_timeout)
             .await
             .context("connecting to Redis")?;
@@ -75,7 +77,7 @@ impl Application {
         let wake = Arc::new(WriterSignal::default());
         let marks = Arc::new(Marks::default());
         let state = Arc::new(AppState {
-            catalog: Catalog::new(db.clone()),
+            catalog: Catalog::new(requests_db),
             verifier: Verifier::new(&config.admission_secret, config.admin_token.clone()),
             claims: ClaimService::new(
                 store.clone(),
@@ -151,7 +153,13 @@ impl Application {
             }
         };
         tokio::join!(
-            crate::http::serve(self.listener, state, shutdown, grace),
+            crate::http::serve(
+                self.listener,
+                state,
+                shutdown,
+                grace,
+                self.config.max_connections
+            ),
             draining
         );
         // Requests are done: no new winners can appear; let the writer flush what is left.

@@ -59,7 +59,7 @@ impl Verifier {
         let data = jsonwebtoken::decode::<AdmissionClaims>(token, &self.key, &self.validation)
             .map_err(|_| AuthError::Invalid)?;
         let claims = data.claims;
-        if claims.sub.is_empty() || claims.sub.chars().count() > 128 {
+        if !valid_user_id(&claims.sub) {
             return Err(AuthError::Invalid);
         }
         match (&claims.sku, sku) {
@@ -75,6 +75,13 @@ impl Verifier {
             _ => false,
         }
     }
+}
+
+/// A user id is 1-128 characters without control characters: it becomes a Redis hash field
+/// and a PostgreSQL `text`, and PostgreSQL refuses a NUL, which would park every claim of
+/// that user after Redis had already counted it.
+fn valid_user_id(sub: &str) -> bool {
+    !sub.is_empty() && sub.chars().count() <= 128 && !sub.chars().any(char::is_control)
 }
 
 fn bearer(header: Option<&str>) -> Option<&str> {
@@ -150,6 +157,16 @@ mod tests {
         );
         assert_eq!(v.buyer(None, None), Err(AuthError::Missing));
         assert_eq!(v.buyer(Some("Basic abc"), None), Err(AuthError::Missing));
+    }
+
+    #[test]
+    fn user_ids_are_short_and_printable() {
+        assert!(valid_user_id("u-17"));
+        assert!(valid_user_id(&"é".repeat(128)));
+        for bad in ["", "a\u{0}b", "a\nb", "\u{7f}", "\u{9b}"] {
+            assert!(!valid_user_id(bad), "{bad:?}");
+        }
+        assert!(!valid_user_id(&"u".repeat(129)));
     }
 
     #[test]

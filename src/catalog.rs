@@ -1,20 +1,47 @@
 //! The SKU catalog: rows in PostgreSQL, cached in process so that an unknown SKU is refused
 //! without a Redis round trip and a known one without a PostgreSQL round trip.
+//!
+//! The request path reads through its own small pool (see [`crate::db`]), and a lookup of an
+//! uncached id waits for one of [`MAX_LOOKUPS_IN_FLIGHT`] turns: a flood of random ids costs a
+//! bounded share of PostgreSQL, never the writer's connections, and a bounded amount of
+//! memory ([`MAX_NEGATIVE_ENTRIES`]).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dashmap::mapref::entry::Entry as Slot;
 use dashmap::DashMap;
 use serde::Serialize;
 use sqlx::PgPool;
+use tokio::sync::Semaphore;
 
 use crate::error::DbError;
 
-/// A negative answer is trusted this long, so a flood of unknown SKUs costs one query each
-/// per second, while a SKU declared on another gateway becomes visible quickly.
+/// A negative answer is trusted this long, so a repeated unknown id costs one query per
+/// second, while a SKU declared on another gateway becomes visible quickly.
 const NEGATIVE_TTL: Duration = Duration::from_secs(1);
+/// Unknown ids remembered at most. Past it, expired ones are swept (at most once per
+/// [`NEGATIVE_TTL`]) and, if the cache is still full, an unknown id is answered without being
+/// remembered. Known SKUs are always cached: their number is the catalog's, not the caller's.
+pub const MAX_NEGATIVE_ENTRIES: usize = 100_000;
+/// PostgreSQL lookups of uncached ids in flight at once per gateway: fewer than the request
+/// pool's connections, so admin routes and claim lookups still get one during a flood.
+pub const MAX_LOOKUPS_IN_FLIGHT: usize = 2;
+/// How long a claim for an uncached id waits for a lookup turn before it is shed (429).
+const LOOKUP_WAIT: Duration = Duration::from_millis(500);
 /// A cached SKU is re-read in the background after this long (limits changed elsewhere).
 pub const REFRESH_AFTER: Duration = Duration::from_secs(5);
+
+/// Why the catalog could not answer a request-path lookup.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    #[error(transparent)]
+    Db(#[from] DbError),
+    /// Every lookup turn stayed taken for [`LOOKUP_WAIT`]: shed, retry later.
+    #[error("too many catalog lookups in flight")]
+    Busy,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
 pub struct Sku {
@@ -40,10 +67,17 @@ enum Entry {
 /// Catalog reads and writes; cloning shares the cache.
 #[derive(Clone)]
 pub struct Catalog {
+    /// The request path's pool, never the writer's: catalog misses cannot starve the ledger.
     db: PgPool,
     cache: Arc<DashMap<String, Entry>>,
     /// Age after which a cached row is re-read in the background ([`REFRESH_AFTER`]).
     refresh_after: Duration,
+    /// Unknown entries in `cache`, counted beside it because counting in the map is O(n).
+    negatives: Arc<AtomicUsize>,
+    /// Turns for looking up an uncached id ([`MAX_LOOKUPS_IN_FLIGHT`]).
+    lookups: Arc<Semaphore>,
+    /// When a full cache last swept its expired unknown entries: at most once per TTL.
+    last_sweep: Arc<parking_lot::Mutex<Instant>>,
 }
 
 impl Catalog {
@@ -56,31 +90,47 @@ impl Catalog {
             db,
             cache: Arc::new(DashMap::new()),
             refresh_after,
+            negatives: Arc::new(AtomicUsize::new(0)),
+            lookups: Arc::new(Semaphore::new(MAX_LOOKUPS_IN_FLIGHT)),
+            last_sweep: Arc::new(parking_lot::Mutex::new(Instant::now())),
         }
     }
 
-    /// The SKU, from the cache when fresh enough.
+    /// The SKU, from the cache when fresh enough; otherwise looked up in its turn.
     ///
     /// # Errors
-    /// The database error when the cache cannot answer and PostgreSQL is unreachable.
-    pub async fn get(&self, sku: &str) -> Result<Option<Arc<Sku>>, DbError> {
+    /// [`CatalogError::Busy`] when no lookup turn came within [`LOOKUP_WAIT`];
+    /// [`CatalogError::Db`] when the cache cannot answer and PostgreSQL is unreachable.
+    pub async fn get(&self, sku: &str) -> Result<Option<Arc<Sku>>, CatalogError> {
+        if let Some(hit) = self.cached(sku) {
+            return Ok(hit);
+        }
+        let _turn = tokio::time::timeout(LOOKUP_WAIT, self.lookups.acquire())
+            .await
+            .map_err(|_| CatalogError::Busy)?
+            .map_err(|_| CatalogError::Busy)?;
+        // Requests for the same id queue behind the first: the first one's answer serves them.
+        if let Some(hit) = self.cached(sku) {
+            return Ok(hit);
+        }
+        Ok(self.load(sku).await?)
+    }
+
+    /// `Some(answer)` when the cache can answer: the row, or `None` for a fresh negative.
+    fn cached(&self, sku: &str) -> Option<Option<Arc<Sku>>> {
         // Copy out and drop the shard guard before anything else touches the map: a DashMap
         // guard held across `get_mut` on the same shard deadlocks the worker thread.
         let hit = self.cache.get(sku).and_then(|e| match &*e {
             Entry::Known(s, at) => Some(Some((s.clone(), at.elapsed() > self.refresh_after))),
             Entry::Unknown(at) if at.elapsed() < NEGATIVE_TTL => Some(None),
             Entry::Unknown(_) => None,
-        });
-        match hit {
-            Some(Some((s, stale))) => {
-                if stale {
-                    self.refresh_in_background(sku);
-                }
-                Ok(Some(s))
+        })?;
+        Some(hit.map(|(s, stale)| {
+            if stale {
+                self.refresh_in_background(sku);
             }
-            Some(None) => Ok(None),
-            None => self.load(sku).await,
-        }
+            s
+        }))
     }
 
     /// Reads the SKU from PostgreSQL and caches the answer.
@@ -97,15 +147,69 @@ impl Catalog {
         match row {
             Some(s) => {
                 let s = Arc::new(s);
-                self.cache
+                let old = self
+                    .cache
                     .insert(sku.to_string(), Entry::Known(s.clone(), now));
+                if matches!(old, Some(Entry::Unknown(_))) {
+                    self.negatives.fetch_sub(1, Ordering::Relaxed);
+                }
                 Some(s)
             }
             None => {
-                self.cache.insert(sku.to_string(), Entry::Unknown(now));
+                self.remember_unknown(sku, now);
                 None
             }
         }
+    }
+
+    fn remember_unknown(&self, sku: &str, now: Instant) {
+        if self.negatives.load(Ordering::Relaxed) >= MAX_NEGATIVE_ENTRIES {
+            self.sweep_expired(now);
+        }
+        let full = self.negatives.load(Ordering::Relaxed) >= MAX_NEGATIVE_ENTRIES;
+        match self.cache.entry(sku.to_string()) {
+            Slot::Occupied(mut o) => {
+                if matches!(o.get(), Entry::Known(..)) {
+                    self.negatives.fetch_add(1, Ordering::Relaxed);
+                }
+                o.insert(Entry::Unknown(now));
+            }
+            Slot::Vacant(v) if !full => {
+                v.insert(Entry::Unknown(now));
+                self.negatives.fetch_add(1, Ordering::Relaxed);
+            }
+            // Answered, not remembered: the next request for it waits for a lookup turn.
+            Slot::Vacant(_) => {}
+        }
+    }
+
+    fn sweep_expired(&self, now: Instant) {
+        {
+            let mut last = self.last_sweep.lock();
+            if now.saturating_duration_since(*last) < NEGATIVE_TTL {
+                return;
+            }
+            *last = now;
+        }
+        let mut removed = 0;
+        self.cache.retain(|_, e| match e {
+            Entry::Unknown(at) if now.saturating_duration_since(*at) >= NEGATIVE_TTL => {
+                removed += 1;
+                false
+            }
+            _ => true,
+        });
+        self.negatives.fetch_sub(removed, Ordering::Relaxed);
+    }
+
+    /// Unknown ids remembered now.
+    pub fn cached_unknown(&self) -> usize {
+        self.negatives.load(Ordering::Relaxed)
+    }
+
+    /// Entries of either kind in the cache (counted in the map itself).
+    pub fn cached_entries(&self) -> usize {
+        self.cache.len()
     }
 
     fn refresh_in_background(&self, sku: &str) {

@@ -40,6 +40,10 @@ pub const DEFAULT_COALESCE: &str = "1";
 /// instead of letting latency grow without bound.
 pub const ENV_MAX_QUEUE: &str = "DROPGATE_MAX_QUEUE";
 pub const DEFAULT_MAX_QUEUE: &str = "4096";
+/// Open connections served at once; a connection beyond it is answered 503 at once and
+/// closed, so a connection flood costs a file descriptor and one write, not a task each.
+pub const ENV_MAX_CONNECTIONS: &str = "DROPGATE_MAX_CONNECTIONS";
+pub const DEFAULT_MAX_CONNECTIONS: &str = "10000";
 
 /// Backoff never grows past this, whatever the attempt count.
 pub const REPROCESS_BACKOFF_CAP: Duration = Duration::from_secs(60);
@@ -50,8 +54,18 @@ pub const RECORD_TTL_SECS: u64 = 26 * 3600;
 pub const CLAIM_RECORD_TTL_SECS: u64 = 3600;
 /// Request bodies larger than this are refused with 413.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
-/// A client that has not sent its headers within this time is disconnected (slowloris).
+/// A client that has not sent its headers within this time is disconnected (slowloris). hyper
+/// restarts this timer when a kept-alive connection goes idle: it is the idle timeout too.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// A request's whole body must arrive within this time after its headers: 408, then closed.
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// The request line and headers together; beyond it hyper answers 431.
+pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+/// hyper's read buffer per connection (its default is ~400 KiB): room for one whole request,
+/// so 10 000 connections cannot pin gigabytes of buffers.
+pub const MAX_CONNECTION_BUFFER_BYTES: usize = MAX_HEADER_BYTES + MAX_BODY_BYTES;
+/// How long a connection past the bound may take to read its 503 before it is dropped.
+pub const REFUSAL_LINGER: Duration = Duration::from_secs(1);
 /// Exit status for a configuration error (sysexits EX_USAGE).
 pub const EXIT_CONFIG: i32 = 64;
 
@@ -103,6 +117,8 @@ pub struct RawConfig {
     pub coalesce: String,
     #[arg(long, env = ENV_MAX_QUEUE, default_value = DEFAULT_MAX_QUEUE)]
     pub max_queue: String,
+    #[arg(long, env = ENV_MAX_CONNECTIONS, default_value = DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: String,
 }
 
 impl Default for RawConfig {
@@ -121,6 +137,7 @@ impl Default for RawConfig {
             shutdown_grace_ms: DEFAULT_SHUTDOWN_GRACE_MS.into(),
             coalesce: DEFAULT_COALESCE.into(),
             max_queue: DEFAULT_MAX_QUEUE.into(),
+            max_connections: DEFAULT_MAX_CONNECTIONS.into(),
         }
     }
 }
@@ -141,6 +158,7 @@ pub struct Config {
     pub shutdown_grace: Duration,
     pub coalesce: bool,
     pub max_queue: usize,
+    pub max_connections: usize,
 }
 
 /// Every problem found in one pass over the configuration.
@@ -237,6 +255,7 @@ impl RawConfig {
         let grace = num(ENV_SHUTDOWN_GRACE_MS, &self.shutdown_grace_ms, 0, 600_000);
         let coalesce = num(ENV_COALESCE, &self.coalesce, 0, 1) == 1;
         let max_queue = num(ENV_MAX_QUEUE, &self.max_queue, 1, 1_000_000);
+        let max_connections = num(ENV_MAX_CONNECTIONS, &self.max_connections, 1, 1_000_000);
         match (errors.is_empty(), listen, secret) {
             (true, Some(listen), Some(admission_secret)) => Ok(Config {
                 listen,
@@ -252,6 +271,7 @@ impl RawConfig {
                 shutdown_grace: Duration::from_millis(grace),
                 coalesce,
                 max_queue: max_queue as usize,
+                max_connections: max_connections as usize,
             }),
             _ => Err(ConfigErrors(errors)),
         }

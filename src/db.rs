@@ -6,8 +6,16 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
+/// Connections of the writer and reprocessor pool.
+const LEDGER_POOL_CONNECTIONS: u32 = 16;
+/// Connections of the request path's pool (catalog lookups, claim lookups, admin routes,
+/// readiness): kept apart so that no request flood can take a connection the writer needs.
+const REQUEST_POOL_CONNECTIONS: u32 = 8;
+/// A claim never waits on PostgreSQL; admin and background callers get a bounded wait.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// Opens a pool on `url`, creating the database first when it does not exist, and applies the
-/// migrations in `migrations/`.
+/// migrations in `migrations/`. This is the writer's (and reprocessor's) pool.
 ///
 /// # Errors
 /// Connection or migration failures, with context.
@@ -15,13 +23,25 @@ pub async fn connect_and_migrate(url: &str) -> anyhow::Result<PgPool> {
     let options = PgConnectOptions::from_str(url)?;
     create_database_if_missing(&options).await?;
     let pool = PgPoolOptions::new()
-        .max_connections(16)
-        // A claim never waits on PostgreSQL; admin and background callers get a bounded wait.
-        .acquire_timeout(Duration::from_secs(3))
-        .connect_with(options)
+        .max_connections(LEDGER_POOL_CONNECTIONS)
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .connect_with(options.application_name("dropgate-ledger"))
         .await?;
     migrate(&pool).await?;
     Ok(pool)
+}
+
+/// The request path's pool on `url` (after [`connect_and_migrate`] made the database).
+/// Connections open on first use.
+///
+/// # Errors
+/// An unparsable URL.
+pub fn request_pool(url: &str) -> anyhow::Result<PgPool> {
+    let options = PgConnectOptions::from_str(url)?.application_name("dropgate-requests");
+    Ok(PgPoolOptions::new()
+        .max_connections(REQUEST_POOL_CONNECTIONS)
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .connect_lazy_with(options))
 }
 
 /// Applies the embedded migrations.

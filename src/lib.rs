@@ -2,7 +2,8 @@
 //!
 //! # Map
 //!
-//! - [`http`]: hyper front end, routing, and the one place errors become problem+json.
+//! - [`http`]: hyper front end, routing, what a client may hold (`http/limits.rs`:
+//!   connections, header and body bounds), and the one place errors become problem+json.
 //! - [`auth`]: admission tokens (JWT HS256) and the admin token.
 //! - [`catalog`]: SKUs in PostgreSQL, cached in process (unknown SKU = 404, no Redis trip).
 //! - [`claims`]: the decision: mint a claim id, coalesce same-SKU claims, one Lua call,
@@ -20,7 +21,8 @@
 //! - [`inventory`]: declare, restock (each under the SKU's operator lock); [`restore`]: the
 //!   SKU's Redis state rebuilt from the ledger, in chunks; [`ledger`]: the SKU view
 //!   (accounting), claim lookup, the reconcile table.
-//! - [`config`], [`db`], [`metrics`], [`app`] (build, bind, run), [`cli`] (subcommands).
+//! - [`config`], [`db`] (the ledger's pool and the request path's, kept apart), [`metrics`],
+//!   [`app`] (build, bind, run), [`cli`] (subcommands).
 //!
 //! # The path of a claim
 //!

@@ -113,3 +113,7 @@ pub fn outcome_settled(won: bool) {
 pub fn stale_state() {
     counter!("dropgate_stale_states_total").increment(1);
 }
+
+pub fn connection_refused() {
+    counter!("dropgate_connections_refused_total").increment(1);
+}

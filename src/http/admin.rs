@@ -4,10 +4,11 @@ use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use serde::Deserialize;
 
+use super::limits::read_body;
 use super::problem::{ApiError, Body};
-use super::routes::{admin, check_sku, json, parse, read_body, Result};
+use super::routes::{admin, check_sku, json, parse, Result};
 use crate::app::AppState;
-use crate::{inventory, ledger};
+use crate::{catalog, inventory, ledger};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -23,7 +24,8 @@ struct RestockBody {
     delta: i64,
 }
 
-/// Largest total or delta accepted: far above any drop, far below overflow in Lua's doubles.
+/// Largest total (and restock delta) accepted: far above any drop, and far below 2^53, past
+/// which Lua's doubles stop counting units exactly.
 const MAX_UNITS: i64 = 1_000_000_000_000;
 
 pub(super) async fn declare(
@@ -86,13 +88,26 @@ pub(super) async fn restock(
 ) -> Result<Response<Body>> {
     admin(state, &req)?;
     check_sku(sku)?;
-    let body: RestockBody = parse(&read_body(req).await?)?;
-    if body.delta.abs() > MAX_UNITS {
+    let RestockBody { delta } = parse(&read_body(req).await?)?;
+    // `unsigned_abs`: `abs` of i64::MIN overflows (a panic in a debug build, a negative
+    // "absolute value" that passes the check in a release build).
+    if delta == 0 || delta.unsigned_abs() > MAX_UNITS.unsigned_abs() {
         return Err(ApiError::BadRequest(format!(
-            "|delta| must be at most {MAX_UNITS}"
+            "delta must be a non-zero integer within ±{MAX_UNITS}"
         )));
     }
-    let v = inventory::restock(&state.store, &state.catalog, sku, body.delta).await?;
+    // Checked before the restock rather than inside its transaction: two racing restocks can
+    // each pass, which still leaves the total at a few times 10^12, far below 2^53.
+    let sku_row = catalog::fetch(state.catalog.db(), sku)
+        .await?
+        .ok_or(ApiError::UnknownSku)?;
+    if sku_row.total.saturating_add(delta) > MAX_UNITS {
+        return Err(ApiError::BadRequest(format!(
+            "the total would pass {MAX_UNITS} (it is {})",
+            sku_row.total
+        )));
+    }
+    let v = inventory::restock(&state.store, &state.catalog, sku, delta).await?;
     Ok(json(StatusCode::OK, &v))
 }
 

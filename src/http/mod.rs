@@ -2,9 +2,11 @@
 //!
 //! hyper has no server loop of its own: this module accepts, wraps each stream in `TokioIo`,
 //! and serves it with a builder whose timer is set, without which the header-read timeout
-//! (the slowloris guard) silently does nothing.
+//! (the slowloris guard, and the idle timeout) silently does nothing. What a client may hold
+//! is bounded in [`limits`].
 
 mod admin;
+mod limits;
 mod problem;
 mod routes;
 
@@ -23,21 +25,29 @@ pub use problem::{ApiError, Body};
 pub use routes::claim_quantity;
 
 use crate::app::AppState;
-use crate::config::HEADER_READ_TIMEOUT;
+use crate::config::{HEADER_READ_TIMEOUT, MAX_CONNECTION_BUFFER_BYTES, MAX_HEADER_BYTES};
+use limits::ConnectionLimit;
 
 /// Serves `listener` until `shutdown`, then stops accepting and lets in-flight requests finish
-/// for at most `grace`.
+/// for at most `grace`. At most `max_connections` are served at once; the surplus is answered
+/// 503 and closed.
 pub async fn serve(
     listener: TcpListener,
     state: Arc<AppState>,
     shutdown: CancellationToken,
     grace: Duration,
+    max_connections: usize,
 ) {
     let graceful = GracefulShutdown::new();
+    let limit = ConnectionLimit::new(max_connections);
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
+        // max_buf_size alone is checked only while the headers are incomplete, so a large
+        // final read could carry them past it; max_header_size is checked on every parse.
+        .max_header_size(MAX_HEADER_BYTES)
+        .max_buf_size(MAX_CONNECTION_BUFFER_BYTES)
         .keep_alive(true)
         // Responses are small: one flattened write costs less than a vectored one.
         .writev(false);
@@ -53,6 +63,10 @@ pub async fn serve(
                         continue;
                     }
                 };
+                let Some(permit) = limit.admit() else {
+                    limit.refuse(stream);
+                    continue;
+                };
                 let _ = stream.set_nodelay(true);
                 let state = state.clone();
                 let svc = service_fn(move |req| {
@@ -61,6 +75,7 @@ pub async fn serve(
                 });
                 let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), svc));
                 tokio::spawn(async move {
+                    let _permit = permit;
                     if let Err(e) = conn.await {
                         tracing::debug!(error = %e, "connection ended with an error");
                     }

@@ -3,10 +3,12 @@
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use hyper::header::{HeaderMap, HeaderValue, CONNECTION, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{Response, StatusCode};
 use serde::Serialize;
 
+use crate::catalog::CatalogError;
+use crate::config::BODY_READ_TIMEOUT;
 use crate::error::{DbError, StoreError};
 use crate::inventory::{InventoryError, Refusal};
 
@@ -30,6 +32,10 @@ pub enum ApiError {
     StatePresent,
     /// The gateway sheds load: 429 + Retry-After.
     Overloaded,
+    /// A connection past `DROPGATE_MAX_CONNECTIONS`: 503 + Retry-After, then closed.
+    TooManyConnections,
+    /// The body did not arrive within its deadline: 408, then closed.
+    RequestTimeout,
     /// Redis could not decide (or lost the SKU): fail closed.
     Unavailable(StoreError),
     /// A claim was sent to Redis and its outcome is not known yet; the settler goes on.
@@ -108,7 +114,13 @@ impl ApiError {
                 "outcome_unknown",
                 "Outcome not known yet",
             ),
-            Unavailable(_) | Database(_) => (
+
+            RequestTimeout => (
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                "Request body too slow",
+            ),
+            Unavailable(_) | Database(_) | TooManyConnections => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
                 "Temporarily unavailable",
@@ -117,11 +129,53 @@ impl ApiError {
     }
 
     pub fn into_response(self) -> Response<Body> {
+        let (status, headers, body) = self.render();
+        let mut resp = Response::new(Full::new(body));
+        *resp.status_mut() = status;
+        *resp.headers_mut() = headers;
+        resp
+    }
+
+    /// The same answer as raw HTTP/1.1 bytes that close the connection, for a refusal written
+    /// before hyper is given the connection.
+    pub fn into_http1_bytes(self) -> Vec<u8> {
+        let (status, headers, body) = self.render();
+        let mut out = format!(
+            "HTTP/1.1 {} {}\r\n",
+            status.as_str(),
+            status.canonical_reason().unwrap_or("")
+        )
+        .into_bytes();
+        for (name, value) in &headers {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(
+            format!(
+                "content-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            )
+            .as_bytes(),
+        );
+        out.extend_from_slice(&body);
+        out
+    }
+
+    fn render(self) -> (StatusCode, HeaderMap, Bytes) {
         let (status, code, title) = self.parts();
         let detail = match &self {
             ApiError::BadRequest(d) => Some(d.clone()),
             ApiError::MethodNotAllowed(allow) => Some(format!("allowed: {allow}")),
             ApiError::SkuExists => Some("declare with the same total, or use restock".into()),
+            ApiError::TooManyConnections => {
+                Some("the gateway is at its connection limit; retry".into())
+            }
+            ApiError::RequestTimeout => Some(format!(
+                "the body must arrive within {} s of the headers",
+                BODY_READ_TIMEOUT.as_secs()
+            )),
             ApiError::Unavailable(StoreError::SkuLost) => {
                 Some("the SKU's stock is not available; retry later".into())
             }
@@ -158,9 +212,7 @@ impl ApiError {
             },
         };
         let bytes = serde_json::to_vec(&body).unwrap_or_default();
-        let mut resp = Response::new(Full::new(Bytes::from(bytes)));
-        *resp.status_mut() = status;
-        let h = resp.headers_mut();
+        let mut h = HeaderMap::new();
         h.insert(
             CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
@@ -168,10 +220,17 @@ impl ApiError {
         if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
             h.insert(RETRY_AFTER, HeaderValue::from_static("1"));
         }
-        if let ApiError::MethodNotAllowed(allow) = self {
-            h.insert(hyper::header::ALLOW, HeaderValue::from_static(allow));
+        match self {
+            ApiError::MethodNotAllowed(allow) => {
+                h.insert(hyper::header::ALLOW, HeaderValue::from_static(allow));
+            }
+            // The rest of the body is never read: the connection cannot carry another request.
+            ApiError::RequestTimeout => {
+                h.insert(CONNECTION, HeaderValue::from_static("close"));
+            }
+            _ => {}
         }
-        resp
+        (status, h, Bytes::from(bytes))
     }
 
     /// The metric label of a refused claim.
@@ -183,6 +242,15 @@ impl ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         ApiError::Unavailable(e)
+    }
+}
+
+impl From<CatalogError> for ApiError {
+    fn from(e: CatalogError) -> Self {
+        match e {
+            CatalogError::Db(e) => ApiError::Database(e),
+            CatalogError::Busy => ApiError::Overloaded,
+        }
     }
 }
 

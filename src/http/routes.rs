@@ -2,20 +2,20 @@
 //! input changes nothing.
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, LOCATION};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, LOCATION};
 use hyper::{Method, Request, Response, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::admin;
+use super::limits::read_body;
 use super::problem::{ApiError, Body};
 use crate::app::AppState;
 use crate::catalog::valid_sku_id;
 use crate::claims::{Outcome, WonClaim};
-use crate::config::MAX_BODY_BYTES;
 use crate::settle::Settled;
 use crate::{ledger, metrics as m};
 
@@ -77,17 +77,7 @@ async fn claim(state: &AppState, sku: &str, req: Request<Incoming>) -> Result<Re
         .buyer(header(&req, AUTHORIZATION.as_str()), Some(sku))
         .map_err(|_| ApiError::Unauthorized)?;
     check_sku(sku)?;
-    let idempotency_key = match header(&req, "idempotency-key") {
-        None => None,
-        Some(k) if (1..=255).contains(&k.len()) && k.bytes().all(|b| b.is_ascii_graphic()) => {
-            Some(k.to_string())
-        }
-        Some(_) => {
-            return Err(ApiError::BadRequest(
-                "Idempotency-Key must be 1-255 visible ASCII characters".into(),
-            ))
-        }
-    };
+    let idempotency_key = idempotency_key(&req)?;
     let quantity = claim_quantity(&read_body(req).await?)?;
     let entry = state.catalog.get(sku).await?.ok_or(ApiError::UnknownSku)?;
     if quantity < 1 || quantity > i64::from(entry.per_user_limit) {
@@ -117,6 +107,24 @@ async fn claim(state: &AppState, sku: &str, req: Request<Incoming>) -> Result<Re
         Outcome::Shed => return Err(ApiError::Overloaded),
     };
     Ok(won_response(sku, &user, &won, replayed))
+}
+
+/// The `Idempotency-Key`, judged on its raw bytes: a key that is not visible ASCII must be
+/// refused, not read as "no key", or every retry of that request would claim afresh.
+fn idempotency_key(req: &Request<Incoming>) -> Result<Option<String>> {
+    let mut values = req.headers().get_all("idempotency-key").iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    let bytes = value.as_bytes();
+    let valid = (1..=255).contains(&bytes.len()) && bytes.iter().all(u8::is_ascii_graphic);
+    match value.to_str() {
+        // Two keys on one request leave no single request to replay.
+        Ok(key) if valid && values.next().is_none() => Ok(Some(key.to_string())),
+        _ => Err(ApiError::BadRequest(
+            "Idempotency-Key must be one value of 1-255 visible ASCII characters".into(),
+        )),
+    }
 }
 
 /// Decodes a claim body: empty means one unit. The range check against the SKU's limit comes
@@ -289,28 +297,6 @@ pub(super) fn check_sku(sku: &str) -> Result<()> {
 
 pub(super) fn header<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
     req.headers().get(name).and_then(|v| v.to_str().ok())
-}
-
-/// Reads the body, refusing more than 16 KiB before reading it when the length is declared.
-pub(super) async fn read_body(req: Request<Incoming>) -> Result<Bytes> {
-    let declared = req
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
-        return Err(ApiError::PayloadTooLarge);
-    }
-    match Limited::new(req.into_body(), MAX_BODY_BYTES)
-        .collect()
-        .await
-    {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::PayloadTooLarge),
-        Err(_) => Err(ApiError::BadRequest(
-            "could not read the request body".into(),
-        )),
-    }
 }
 
 pub(super) fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T> {

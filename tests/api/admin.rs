@@ -122,3 +122,72 @@ async fn admin_routes_need_the_admin_token_and_valid_bodies() {
     assert!(!exists);
     assert_eq!(app.stock("x").await, None);
 }
+
+/// Sends a raw admin body; a dropped connection (a panicking handler) is status 0.
+async fn admin_raw(app: &TestApp, method: reqwest::Method, path: &str, body: &str) -> (u16, Value) {
+    let r = app
+        .http
+        .request(method, format!("{}{path}", app.base))
+        .bearer_auth(ADMIN)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await;
+    match r {
+        Ok(r) => (r.status().as_u16(), r.json().await.unwrap_or(Value::Null)),
+        Err(_) => (0, Value::Null),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extreme_totals_and_deltas_are_refused_without_a_panic_and_change_nothing() {
+    let app = spawn_app().await;
+    app.declare("ext", 10, 1).await;
+    let post = reqwest::Method::POST;
+    for delta in [
+        "-9223372036854775808",
+        "9223372036854775807",
+        "-9223372036854775809",
+        "18446744073709551616",
+        "1e30",
+        "-1e30",
+        "1.0",
+        "1e3",
+        "-0",
+        "0",
+        "\"1\"",
+        "null",
+        "1000000000001",
+        "-1000000000001",
+    ] {
+        let (status, body) = admin_raw(
+            &app,
+            post.clone(),
+            "/admin/skus/ext/restock",
+            &format!("{{\"delta\": {delta}}}"),
+        )
+        .await;
+        assert_eq!(status, 400, "delta {delta}: {body}");
+        assert_eq!(code(&body), "bad_request", "delta {delta}");
+    }
+    // The total may not pass 10^12, neither declared nor grown by restocks.
+    for total in ["1000000000001", "9223372036854775807", "-1", "1e12"] {
+        let (status, body) = admin_raw(
+            &app,
+            reqwest::Method::PUT,
+            "/admin/skus/big",
+            &format!("{{\"total\": {total}}}"),
+        )
+        .await;
+        assert_eq!(status, 400, "total {total}: {body}");
+    }
+    let max = 1_000_000_000_000i64;
+    assert_eq!(app.restock("ext", max - 10).await.status(), 200);
+    let r = app.restock("ext", 1).await;
+    assert_eq!(r.status(), 400);
+    assert_eq!(code(&r.json().await.unwrap()), "bad_request");
+    let v = app.view("ext").await;
+    assert_eq!(v["total"], max);
+    assert_eq!(v["remaining"], max);
+    assert_eq!(app.get("/healthz").await.status(), 200);
+}

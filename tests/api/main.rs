@@ -6,6 +6,7 @@ mod catalog;
 mod claims;
 mod cli;
 mod durability;
+mod edge;
 mod faults;
 mod helpers;
 mod http;
