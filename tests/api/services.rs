@@ -273,6 +273,18 @@ pub struct GatewayProcess {
 
 impl GatewayProcess {
     pub async fn start(iso: &Isolation, redis_url: &str, env: &[(&str, &str)]) -> Self {
+        match Self::try_start(iso, redis_url, env).await {
+            Ok(g) => g,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Starts the gateway; `Err` when it exits before listening (a start under faults may).
+    pub async fn try_start(
+        iso: &Isolation,
+        redis_url: &str,
+        env: &[(&str, &str)],
+    ) -> Result<Self, String> {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_dropgate"));
         cmd.arg("serve")
             .env_clear()
@@ -297,26 +309,25 @@ impl GatewayProcess {
         let mut child = cmd.spawn().expect("the dropgate binary starts");
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let addr = tokio::time::timeout(Duration::from_secs(60), async {
-            while let Some(line) = lines.next_line().await.unwrap() {
+            while let Ok(Some(line)) = lines.next_line().await {
                 if let Some(rest) = line.split("listening on ").nth(1) {
                     return rest
                         .split_whitespace()
                         .next()
-                        .unwrap()
-                        .parse::<SocketAddr>()
-                        .unwrap();
+                        .and_then(|a| a.parse::<SocketAddr>().ok());
                 }
             }
-            panic!("the gateway exited before listening");
+            None
         })
         .await
-        .expect("the gateway logs its address");
+        .map_err(|_| "the gateway did not log its address within 60 s".to_string())?
+        .ok_or_else(|| "the gateway exited before listening".to_string())?;
         // Keep reading, so a full pipe never blocks the gateway's logging.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        GatewayProcess {
+        Ok(GatewayProcess {
             base: format!("http://{addr}"),
             child,
-        }
+        })
     }
 
     pub async fn sigkill(&mut self) {

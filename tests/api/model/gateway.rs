@@ -191,7 +191,13 @@ async fn the_gateway_keeps_every_invariant_under_seeded_faults() {
                         let i = rng.random_range(0..gateways.len());
                         gateways[i].sigkill().await;
                         bases.lock().retain(|b| *b != gateways[i].base);
-                        gateways[i] = GatewayProcess::start(&iso, &redis_url, &env).await;
+                        // A start under faults may fail fast (as it should): try again.
+                        gateways[i] = loop {
+                            match GatewayProcess::try_start(&iso, &redis_url, &env).await {
+                                Ok(g) => break g,
+                                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                            }
+                        };
                         bases.lock().push(gateways[i].base.clone());
                     }
                     _ => {}

@@ -280,7 +280,7 @@ impl Driver {
                 .arg(&w.user)
                 .arg(w.quantity)
                 .arg(id.to_string())
-                .arg(60);
+                .arg(30 * 24 * 3600);
             inv
         };
         let fenced: i64 = call("fence")
