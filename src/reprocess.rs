@@ -121,7 +121,9 @@ impl Reprocessor {
                 tracing::info!(claim_id = %row.claim_id, attempt, "parked claim written");
                 return Ok(());
             }
-            Err(e) if e.is_retryable() => return Err(e.into()),
+            // A lock held by an operator, a timeout, a lost connection: nothing about this
+            // claim, so it spends no attempt (a long lock must not compensate winners).
+            Err(e) if !e.refuses_row() => return self.postpone(row, &e).await,
             Err(e) => e.to_string(),
         };
         if attempt as u32 >= self.max_attempts {
@@ -137,10 +139,7 @@ impl Reprocessor {
                 _ => Err(StoreError::SkuLost.into()),
             };
         }
-        let delay = self
-            .backoff
-            .saturating_mul(1u32 << (attempt - 1).clamp(0, 20))
-            .min(REPROCESS_BACKOFF_CAP);
+        let delay = self.delay(attempt);
         sqlx::query(
             "UPDATE persistence_pending
                 SET status = 'pending', attempts = $3, failure_reason = $4, lease_owner = NULL,
@@ -153,6 +152,38 @@ impl Reprocessor {
         .bind(attempt)
         .bind(&reason)
         .bind(delay.as_secs_f64())
+        .execute(&self.db)
+        .await
+        .map_err(DbError::from)?;
+        Ok(())
+    }
+
+    /// The wait after the `attempt`-th attempt: the backoff, doubled per attempt, capped.
+    fn delay(&self, attempt: i32) -> Duration {
+        self.backoff
+            .saturating_mul(1u32 << (attempt - 1).clamp(0, 20))
+            .min(REPROCESS_BACKOFF_CAP)
+    }
+
+    /// Puts the row back without spending an attempt, after a failure that was not about it,
+    /// and notes why. When even this update fails, the lease runs out and the row comes back.
+    async fn postpone(&self, row: &PendingRow, e: &DbError) -> Result<(), ReprocessError> {
+        if e.is_retryable() {
+            tracing::warn!(claim_id = %row.claim_id, error = %e, "parked claim not written this time; retrying without spending an attempt");
+        } else {
+            tracing::error!(claim_id = %row.claim_id, error = %e, "parked claim cannot be written until an operator fixes the database; retrying without spending an attempt");
+        }
+        sqlx::query(
+            "UPDATE persistence_pending
+                SET status = 'pending', failure_reason = $3, lease_owner = NULL,
+                    lease_until = NULL, updated_at = now(),
+                    next_attempt_at = now() + make_interval(secs => $4)
+              WHERE claim_id = $1 AND lease_owner = $2 AND status = 'reprocessing'",
+        )
+        .bind(row.claim_id)
+        .bind(self.owner)
+        .bind(e.to_string())
+        .bind(self.delay(row.attempts.max(1)).as_secs_f64())
         .execute(&self.db)
         .await
         .map_err(DbError::from)?;

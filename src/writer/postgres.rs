@@ -20,8 +20,9 @@ const INSERT_ISSUANCES: &str = "INSERT INTO issuances
 /// rows land, and moves each refused row to `persistence_pending` with the database's reason.
 ///
 /// # Errors
-/// A retryable database error (unreachable): nothing is acknowledged and the batch is tried
-/// again later.
+/// A transient database error (unreachable, a lock or statement timeout, a deadlock; see
+/// [`DbError::is_retryable`]): nothing is acknowledged and the batch is tried again later. No
+/// row is parked for a failure that is not about the row.
 pub async fn write_batch(
     db: &PgPool,
     winners: &[Winner],

@@ -11,3 +11,4 @@ mod helpers;
 mod http;
 mod restock;
 mod services;
+mod writer;
