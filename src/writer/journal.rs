@@ -161,10 +161,15 @@ pub async fn ack(store: &Store, sku: &str, winners: &[Winner]) -> Result<(), Sto
         inv.arg(&w.entry_id).arg(w.quantity);
     }
     let mut con = store.hot();
-    store
+    let reply = store
         .bounded(async { Ok(inv.invoke_async::<i64>(&mut con).await?) })
-        .await?;
-    Ok(())
+        .await;
+    match reply {
+        // The journal is gone (Redis lost the SKU, a restore rebuilt it from the ledger):
+        // there is nothing left to acknowledge.
+        Err(StoreError::Redis(r)) if r.code() == Some("NOGROUP") => Ok(()),
+        other => other.map(|_| ()),
+    }
 }
 
 #[cfg(test)]

@@ -4,9 +4,11 @@
 //! Delivery is at least once and the insert is idempotent (`ON CONFLICT (claim_id) DO
 //! NOTHING`), so every winner is written exactly once: an entry is acknowledged only after the
 //! commit that holds it, and entries left unacknowledged by a gateway that died are taken over
-//! with XAUTOCLAIM once they have been idle for `journal_claim_idle`.
+//! with XAUTOCLAIM once they have been idle for `journal_claim_idle`. Winners a live writer
+//! read and could not settle (PostgreSQL down, a lock timeout) stay in its memory and are
+//! retried first, so they never wait for that idle time.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -86,6 +88,13 @@ pub struct Writer {
     claim_idle: Duration,
     /// Delay before a parked row's first retry (DROPGATE_REPROCESS_BACKOFF_MS).
     first_retry: Duration,
+    /// Winners read and not yet settled, per SKU, after a pass failed (PostgreSQL or Redis
+    /// unreachable, a lock timeout): retried from memory before the SKU's journal is read
+    /// again, so while this gateway lives none of them waits for XAUTOCLAIM's idle time.
+    held: HashMap<String, Vec<Winner>>,
+    /// SKUs whose last journal read failed: Redis may have delivered entries whose reply was
+    /// lost, so the next pass first re-reads this consumer's own pending entries.
+    reread: HashSet<String>,
 }
 
 impl Writer {
@@ -103,6 +112,8 @@ impl Writer {
             signal,
             claim_idle,
             first_retry,
+            held: HashMap::new(),
+            reread: HashSet::new(),
         }
     }
 
@@ -110,7 +121,8 @@ impl Writer {
     ///
     /// SKUs that won on this gateway are read as soon as the claim path signals them; every
     /// SKU of the catalog is swept every 500 ms (winners of other gateways, entries of
-    /// dead ones, retries after a failure), so the cost of idle SKUs stays flat.
+    /// dead ones), so the cost of idle SKUs stays flat; a SKU with winners held from a failed
+    /// pass is retried every round, with backoff, until they are settled.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let mut catalog_skus: Vec<String> = Vec::new();
         let mut last_sweep: Option<Instant> = None;
@@ -124,6 +136,10 @@ impl Writer {
                 stopping || !backoff.is_zero() || last_sweep.is_none_or(|t| t.elapsed() > SWEEP);
             let mut targets: HashSet<String> = self.signal.take();
             targets.extend(unfinished.drain());
+            // A SKU with winners in hand is retried whether or not anything signals it (it
+            // may not be in the catalog list yet, and reading that list may be what failed).
+            targets.extend(self.held.keys().cloned());
+            targets.extend(self.reread.iter().cloned());
             if sweep {
                 if let Ok(list) = catalog::all_ids(&self.db).await {
                     catalog_skus = list;
@@ -138,7 +154,7 @@ impl Writer {
             let mut moved = 0usize;
             let mut failed = false;
             for sku in &targets {
-                match self.pass(sku, autoclaim, !backoff.is_zero()).await {
+                match self.pass(sku, autoclaim).await {
                     Ok(n) => {
                         moved += n;
                         if n >= READ_COUNT {
@@ -175,41 +191,64 @@ impl Writer {
         tracing::info!(consumer = %self.consumer, "writer stopped");
     }
 
-    /// Reads one SKU's journal and writes what it holds. `own_pending` re-reads entries this
-    /// consumer took but could not write (after a failure), before new ones.
-    async fn pass(
-        &mut self,
-        sku: &str,
-        autoclaim: bool,
-        own_pending: bool,
-    ) -> Result<usize, WriteError> {
+    /// Settles one SKU's winners: those held from a failed pass first, else what its journal
+    /// holds. Returns how many were settled.
+    async fn pass(&mut self, sku: &str, autoclaim: bool) -> Result<usize, WriteError> {
+        let winners = match self.held.remove(sku) {
+            Some(held) => held,
+            None => match self.read(sku, autoclaim).await {
+                Ok(w) => w,
+                Err(e) => {
+                    self.reread.insert(sku.to_string());
+                    return Err(e.into());
+                }
+            },
+        };
+        if winners.is_empty() {
+            return Ok(0);
+        }
+        match self.settle(sku, &winners).await {
+            Ok(()) => Ok(winners.len()),
+            Err(e) => {
+                self.held.insert(sku.to_string(), winners);
+                Err(e)
+            }
+        }
+    }
+
+    /// Reads a SKU's journal: entries of stopped gateways when `autoclaim`, this consumer's own
+    /// unacknowledged entries after a failed read, else new ones.
+    async fn read(&mut self, sku: &str, autoclaim: bool) -> Result<Vec<Winner>, StoreError> {
         let mut winners = Vec::new();
         if autoclaim {
             winners.extend(
                 journal::autoclaim(&self.store, &self.consumer, self.claim_idle, sku).await?,
             );
         }
-        if own_pending {
+        if self.reread.remove(sku) {
             winners.extend(journal::read(&self.store, &self.consumer, sku, "0").await?);
         }
         if winners.is_empty() {
             winners = journal::read(&self.store, &self.consumer, sku, ">").await?;
         }
-        if winners.is_empty() {
-            return Ok(0);
-        }
         // The same entry may come from two reads above; write it once.
         winners.sort_by(|a, b| a.entry_id.cmp(&b.entry_id));
         winners.dedup_by(|a, b| a.entry_id == b.entry_id);
+        Ok(winners)
+    }
+
+    /// Writes the winners to PostgreSQL, then acknowledges them. Every step may be repeated
+    /// after a failure: the inserts are idempotent and an entry's units leave `inflight` once.
+    async fn settle(&self, sku: &str, winners: &[Winner]) -> Result<(), WriteError> {
         let started = Instant::now();
-        write_batch(&self.db, &winners, self.first_retry).await?;
+        write_batch(&self.db, winners, self.first_retry).await?;
         m::writer_batch(winners.len(), started.elapsed());
         let now = crate::claims::now_ms();
-        for w in &winners {
+        for w in winners {
             m::journal_lag(Duration::from_millis((now - w.created_ms).max(0) as u64));
         }
-        journal::ack(&self.store, sku, &winners).await?;
-        Ok(winners.len())
+        journal::ack(&self.store, sku, winners).await?;
+        Ok(())
     }
 }
 

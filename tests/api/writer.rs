@@ -4,15 +4,38 @@
 
 use std::time::Duration;
 
+use redis::Value as RedisValue;
+use serde_json::Value;
 use uuid::Uuid;
 
 use crate::helpers::*;
+use crate::services::PrivatePostgres;
+
+fn journal_key(probe: &Probe, sku: &str) -> String {
+    format!("{}:{{{sku}}}:journal", probe.prefix)
+}
+
+/// Journal entries delivered to a writer and not yet acknowledged.
+async fn unacknowledged(probe: &Probe, sku: &str) -> i64 {
+    let mut con = probe.redis.clone();
+    let reply: Vec<RedisValue> = redis::cmd("XPENDING")
+        .arg(journal_key(probe, sku))
+        .arg("writers")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    redis::from_redis_value_ref(&reply[0]).unwrap()
+}
 
 async fn parked_statuses(probe: &Probe) -> Vec<String> {
     sqlx::query_scalar("SELECT status FROM persistence_pending ORDER BY claim_id")
         .fetch_all(&probe.db)
         .await
         .unwrap()
+}
+
+fn claim_id(body: &Value) -> Uuid {
+    body["claim_id"].as_str().unwrap().parse().unwrap()
 }
 
 // === transient errors ===
@@ -98,4 +121,56 @@ async fn a_table_lock_held_past_lock_timeout_delays_winners_and_compensates_none
     assert_eq!(v["remaining"], 79);
     assert_eq!(v["consistent"], true, "{v}");
     assert_eq!(app.stock("locked").await, Some(79));
+}
+
+// === PostgreSQL gone mid-batch ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn winners_a_writer_held_when_postgres_died_are_written_as_soon_as_it_returns() {
+    let pg = PrivatePostgres::start().await;
+    // Taking over entries by idle time would rescue them only after a minute: far beyond
+    // this test's bound, so only the writer's own retry can pass it.
+    let app = spawn_app_with(|c| {
+        c.database_url = pg.url("dropgate");
+        c.journal_claim_idle_ms = "60000".into();
+    })
+    .await;
+    // The writer is past its first rounds once it has written a winner of another SKU.
+    app.declare("warm", 1, 1).await;
+    assert_eq!(app.claim("warm", "w", 1, None).await.status(), 201);
+    app.drained("warm").await;
+    app.declare("held", 100, 1).await;
+    // Keep the writer's catalog read from seeing the new SKU before PostgreSQL goes: the
+    // writer then knows it only from the claim path's signal.
+    let mut lock = app.db.begin().await.unwrap();
+    sqlx::query("LOCK TABLE skus IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    pg.down();
+    drop(lock);
+    let first = app.claim("held", "first", 1, None).await;
+    assert_eq!(first.status(), 201);
+    let mut won = vec![claim_id(&first.json().await.unwrap())];
+    // The writer took it and could not write it.
+    wait_for(Duration::from_secs(15), || async {
+        unacknowledged(&app.probe, "held").await == 1
+    })
+    .await;
+    // The fault: PostgreSQL stays down through several of the writer's rounds (each waits up
+    // to the pool's 3 s acquire timeout).
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    pg.up().await;
+    let rest = release_buyers(&app.api, "held", users("h", 19)).await;
+    won.extend(won_ids(&rest));
+    won.sort();
+    assert_eq!(won.len(), 20);
+
+    wait_for(Duration::from_secs(20), || async {
+        app.issued_ids("held").await.len() == 20
+    })
+    .await;
+    assert_eq!(app.issued_ids("held").await, won);
+    let v = app.drained("held").await;
+    assert_eq!(v["consistent"], true, "{v}");
 }
