@@ -97,3 +97,8 @@ pub fn compensated(units: i64) {
     counter!("dropgate_compensations_total").increment(1);
     counter!("dropgate_compensated_units_total").increment(units as u64);
 }
+
+/// A journal entry no table would take, stored in `quarantine`.
+pub fn quarantined() {
+    counter!("dropgate_quarantined_total").increment(1);
+}

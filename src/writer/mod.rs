@@ -22,10 +22,14 @@ use crate::error::{DbError, StoreError};
 use crate::metrics as m;
 use crate::store::Store;
 
+mod batch;
 mod journal;
 mod postgres;
+mod quarantine;
 
-pub use postgres::write_batch;
+pub use batch::{Batch, Unreadable, Winner};
+pub use postgres::{write_batch, Unwritable};
+pub use quarantine::Quarantined;
 
 /// Entries read per SKU per round; also the largest insert batch.
 const READ_COUNT: usize = 2048;
@@ -62,20 +66,6 @@ impl WriterSignal {
     }
 }
 
-/// One winner as the journal holds it.
-#[derive(Debug, Clone)]
-pub struct Winner {
-    /// Stream entry id, acknowledged after the commit.
-    pub entry_id: String,
-    pub claim_id: Uuid,
-    pub sku: String,
-    pub user: String,
-    pub quantity: i32,
-    pub idempotency_key: Option<String>,
-    pub remaining_after: Option<i64>,
-    pub created_ms: i64,
-}
-
 /// Moves journaled winners into PostgreSQL.
 pub struct Writer {
     store: Store,
@@ -91,7 +81,7 @@ pub struct Writer {
     /// Winners read and not yet settled, per SKU, after a pass failed (PostgreSQL or Redis
     /// unreachable, a lock timeout): retried from memory before the SKU's journal is read
     /// again, so while this gateway lives none of them waits for XAUTOCLAIM's idle time.
-    held: HashMap<String, Vec<Winner>>,
+    held: HashMap<String, Batch>,
     /// SKUs whose last journal read failed: Redis may have delivered entries whose reply was
     /// lost, so the next pass first re-reads this consumer's own pending entries.
     reread: HashSet<String>,
@@ -191,26 +181,26 @@ impl Writer {
         tracing::info!(consumer = %self.consumer, "writer stopped");
     }
 
-    /// Settles one SKU's winners: those held from a failed pass first, else what its journal
+    /// Settles one SKU's entries: those held from a failed pass first, else what its journal
     /// holds. Returns how many were settled.
     async fn pass(&mut self, sku: &str, autoclaim: bool) -> Result<usize, WriteError> {
-        let winners = match self.held.remove(sku) {
+        let batch = match self.held.remove(sku) {
             Some(held) => held,
             None => match self.read(sku, autoclaim).await {
-                Ok(w) => w,
+                Ok(b) => b,
                 Err(e) => {
                     self.reread.insert(sku.to_string());
                     return Err(e.into());
                 }
             },
         };
-        if winners.is_empty() {
+        if batch.is_empty() {
             return Ok(0);
         }
-        match self.settle(sku, &winners).await {
-            Ok(()) => Ok(winners.len()),
+        match self.settle(sku, &batch).await {
+            Ok(()) => Ok(batch.len()),
             Err(e) => {
-                self.held.insert(sku.to_string(), winners);
+                self.held.insert(sku.to_string(), batch);
                 Err(e)
             }
         }
@@ -218,36 +208,48 @@ impl Writer {
 
     /// Reads a SKU's journal: entries of stopped gateways when `autoclaim`, this consumer's own
     /// unacknowledged entries after a failed read, else new ones.
-    async fn read(&mut self, sku: &str, autoclaim: bool) -> Result<Vec<Winner>, StoreError> {
-        let mut winners = Vec::new();
+    async fn read(&mut self, sku: &str, autoclaim: bool) -> Result<Batch, StoreError> {
+        let mut batch = Batch::default();
         if autoclaim {
-            winners.extend(
+            batch.extend(
                 journal::autoclaim(&self.store, &self.consumer, self.claim_idle, sku).await?,
             );
         }
         if self.reread.remove(sku) {
-            winners.extend(journal::read(&self.store, &self.consumer, sku, "0").await?);
+            batch.extend(journal::read(&self.store, &self.consumer, sku, "0").await?);
         }
-        if winners.is_empty() {
-            winners = journal::read(&self.store, &self.consumer, sku, ">").await?;
+        if batch.is_empty() {
+            batch = journal::read(&self.store, &self.consumer, sku, ">").await?;
         }
-        // The same entry may come from two reads above; write it once.
-        winners.sort_by(|a, b| a.entry_id.cmp(&b.entry_id));
-        winners.dedup_by(|a, b| a.entry_id == b.entry_id);
-        Ok(winners)
+        batch.dedup();
+        Ok(batch)
     }
 
-    /// Writes the winners to PostgreSQL, then acknowledges them. Every step may be repeated
-    /// after a failure: the inserts are idempotent and an entry's units leave `inflight` once.
-    async fn settle(&self, sku: &str, winners: &[Winner]) -> Result<(), WriteError> {
+    /// Writes the winners to PostgreSQL (or parks them), quarantines what no table takes, then
+    /// acknowledges the entries. Every step may be repeated after a failure: the inserts are
+    /// idempotent and an entry's units leave `inflight` once.
+    async fn settle(&self, sku: &str, batch: &Batch) -> Result<(), WriteError> {
         let started = Instant::now();
-        write_batch(&self.db, winners, self.first_retry).await?;
-        m::writer_batch(winners.len(), started.elapsed());
+        let unwritable = write_batch(&self.db, &batch.winners, self.first_retry).await?;
+        if !batch.winners.is_empty() {
+            m::writer_batch(batch.winners.len(), started.elapsed());
+        }
         let now = crate::claims::now_ms();
-        for w in winners {
+        for w in &batch.winners {
             m::journal_lag(Duration::from_millis((now - w.created_ms).max(0) as u64));
         }
-        journal::ack(&self.store, sku, winners).await?;
+        let mut poison = Vec::with_capacity(unwritable.len() + batch.unreadable.len());
+        for u in unwritable {
+            let w = &batch.winners[u.index];
+            // The bytes as Redis holds them; rendered from what was read if the entry is gone.
+            let raw = journal::raw_entry(&self.store, sku, &w.entry_id)
+                .await?
+                .unwrap_or_else(|| journal::render(w));
+            poison.push(Quarantined::winner(w, raw, u.error));
+        }
+        poison.extend(batch.unreadable.iter().map(Quarantined::unreadable));
+        quarantine::record(&self.db, sku, &poison).await?;
+        journal::ack(&self.store, sku, batch).await?;
         Ok(())
     }
 }

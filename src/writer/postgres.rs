@@ -16,35 +16,71 @@ const INSERT_ISSUANCES: &str = "INSERT INTO issuances
         AS t(c, s, u, q, k, r, ms)
     ON CONFLICT (claim_id) DO NOTHING";
 
+/// A winner that neither `issuances` nor `persistence_pending` would take: the caller
+/// quarantines it before acknowledging its entry.
+#[derive(Debug)]
+pub struct Unwritable {
+    /// Its position in the batch given to [`write_batch`].
+    pub index: usize,
+    /// Both refusals, as the database worded them.
+    pub error: String,
+}
+
 /// Inserts winners in one statement; when PostgreSQL refuses the batch, splits it so the good
 /// rows land, and moves each refused row to `persistence_pending` with the database's reason.
+/// Returns the rows `persistence_pending` refused too (a NUL byte in a text column, say).
 ///
 /// # Errors
 /// A transient database error (unreachable, a lock or statement timeout, a deadlock; see
 /// [`DbError::is_retryable`]): nothing is acknowledged and the batch is tried again later. No
-/// row is parked for a failure that is not about the row.
+/// row is parked for a failure that is not about the row. The same when parking meets an
+/// error that is not about the row (a missing table, a permission): the batch waits for an
+/// operator rather than quarantine winners that are fine.
 pub async fn write_batch(
     db: &PgPool,
     winners: &[Winner],
     first_retry: Duration,
-) -> Result<(), DbError> {
-    let mut stack: Vec<&[Winner]> = vec![winners];
-    while let Some(chunk) = stack.pop() {
+) -> Result<Vec<Unwritable>, DbError> {
+    let mut unwritable = Vec::new();
+    let mut stack: Vec<(usize, usize)> = vec![(0, winners.len())];
+    while let Some((start, end)) = stack.pop() {
+        let chunk = &winners[start..end];
+        if chunk.is_empty() {
+            continue;
+        }
         match insert(db, chunk).await {
             Ok(()) => {}
             Err(e) if e.is_retryable() => return Err(e),
             Err(e) if chunk.len() == 1 => {
                 m::writer_refused(1);
-                park(db, &chunk[0], &e.to_string(), first_retry).await?;
+                match park(db, &chunk[0], &e.to_string(), first_retry).await {
+                    Ok(()) => {}
+                    Err(p) if p.refuses_row() => unwritable.push(Unwritable {
+                        index: start,
+                        error: format!(
+                            "issuances: {}; persistence_pending: {}",
+                            with_code(&e),
+                            with_code(&p)
+                        ),
+                    }),
+                    Err(p) => return Err(p),
+                }
             }
             Err(_) => {
-                let (a, b) = chunk.split_at(chunk.len() / 2);
-                stack.push(b);
-                stack.push(a);
+                let mid = start + chunk.len() / 2;
+                stack.push((mid, end));
+                stack.push((start, mid));
             }
         }
     }
-    Ok(())
+    Ok(unwritable)
+}
+
+fn with_code(e: &DbError) -> String {
+    match e.sqlstate() {
+        Some(code) => format!("{e} (SQLSTATE {code})"),
+        None => e.to_string(),
+    }
 }
 
 async fn insert(db: &PgPool, rows: &[Winner]) -> Result<(), DbError> {

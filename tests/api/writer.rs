@@ -38,6 +38,96 @@ fn claim_id(body: &Value) -> Uuid {
     body["claim_id"].as_str().unwrap().parse().unwrap()
 }
 
+// === a poison row ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_winner_no_table_accepts_is_quarantined_and_the_writer_keeps_going() {
+    let app = spawn_app().await;
+    app.declare("poison", 50, 1).await;
+    // PostgreSQL text refuses a NUL byte, in issuances and persistence_pending alike; the
+    // admission token and Redis carry it without complaint.
+    let r = app.claim("poison", "bad\0user", 1, Some("k-1")).await;
+    assert_eq!(r.status(), 201);
+    let poison = claim_id(&r.json().await.unwrap());
+    let first = release_buyers(&app.api, "poison", users("p", 20)).await;
+    assert_eq!(won_ids(&first).len(), 20);
+
+    wait_for(Duration::from_secs(15), || async {
+        app.issued_ids("poison").await.len() == 20
+    })
+    .await;
+    // The SKU's writer still reads what comes after.
+    let later = release_buyers(&app.api, "poison", users("q", 5)).await;
+    let mut won = won_ids(&first);
+    won.extend(won_ids(&later));
+    won.sort();
+    let v = app.drained("poison").await;
+    assert_eq!(app.issued_ids("poison").await, won);
+    assert_eq!(v["in_flight"], 0);
+    assert_eq!(v["recorded"], 25);
+    assert_eq!(v["quarantined"], 1);
+    assert_eq!(v["remaining"], 24);
+    assert_eq!(v["consistent"], true, "{v}");
+
+    let (sku, id, units, raw, error): (String, Option<Uuid>, Option<i32>, Vec<u8>, String) =
+        sqlx::query_as("SELECT sku, claim_id, quantity, raw_entry, error FROM quarantine")
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+    assert_eq!((sku.as_str(), id, units), ("poison", Some(poison), Some(1)));
+    let needle = b"bad\0user";
+    assert!(
+        raw.windows(needle.len()).any(|w| w == needle),
+        "the raw entry keeps the bytes as Redis held them: {raw:?}"
+    );
+    assert!(error.contains("0x00"), "{error}");
+    let metrics = app.get("/metrics").await.text().await.unwrap();
+    assert!(metrics.contains("dropgate_quarantined_total"), "{metrics}");
+    // Nothing was parked for the reprocessor (it could not be), nothing compensated.
+    assert!(parked_statuses(&app.probe).await.is_empty());
+    assert_eq!(app.stock("poison").await, Some(24));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_entry_the_writer_cannot_read_is_quarantined_byte_for_byte() {
+    let app = spawn_app().await;
+    app.declare("garbled", 10, 1).await;
+    // A winner as claim.lua records one (stock down, units in flight, an entry), but whose
+    // entry is not UTF-8.
+    let id = Uuid::now_v7();
+    let mut packed = format!("{id}|1|{}|9|3|", dropgate::claims::now_ms()).into_bytes();
+    packed.extend_from_slice(b"\xff\xfe\xfd");
+    let mut con = app.probe.redis.clone();
+    let state = format!("{}:{{garbled}}:state", app.probe.prefix);
+    let _: () = redis::pipe()
+        .atomic()
+        .hincr(&state, "stock", -1)
+        .hincr(&state, "inflight", 1)
+        .cmd("XADD")
+        .arg(journal_key(&app.probe, "garbled"))
+        .arg("*")
+        .arg("c")
+        .arg(&packed)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let after = release_buyers(&app.api, "garbled", users("g", 5)).await;
+
+    let v = app.drained("garbled").await;
+    assert_eq!(app.issued_ids("garbled").await, won_ids(&after));
+    assert_eq!(v["in_flight"], 0);
+    assert_eq!(v["quarantined"], 1);
+    assert_eq!(v["remaining"], 4);
+    assert_eq!(v["consistent"], true, "{v}");
+    let (claim, raw): (Option<Uuid>, Vec<u8>) =
+        sqlx::query_as("SELECT claim_id, raw_entry FROM quarantine WHERE sku = 'garbled'")
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(claim, Some(id));
+    assert_eq!(raw, [b"c=".as_slice(), &packed].concat());
+}
+
 // === transient errors ===
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
