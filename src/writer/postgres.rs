@@ -9,11 +9,17 @@ use super::Winner;
 use crate::error::DbError;
 use crate::metrics as m;
 
+/// A claim already in `issuances` is left as it is: written before, or compensated (the
+/// reprocessor writes a compensated claim's row with that status before giving its units
+/// back). A claim compensated without that row (`issuances` refused it too) is skipped by the
+/// `NOT EXISTS`: a writer that read its entry long ago never brings it back.
 const INSERT_ISSUANCES: &str = "INSERT INTO issuances
       (claim_id, sku, user_id, quantity, idempotency_key, remaining_after, created_at)
     SELECT c, s, u, q, k, r, to_timestamp(ms::double precision / 1000)
       FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::int8[], $7::int8[])
         AS t(c, s, u, q, k, r, ms)
+     WHERE NOT EXISTS (SELECT 1 FROM persistence_pending p
+                        WHERE p.claim_id = t.c AND p.status = 'compensated')
     ON CONFLICT (claim_id) DO NOTHING";
 
 /// A winner that neither `issuances` nor `persistence_pending` would take: the caller

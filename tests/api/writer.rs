@@ -213,6 +213,100 @@ async fn a_table_lock_held_past_lock_timeout_delays_winners_and_compensates_none
     assert_eq!(app.stock("locked").await, Some(79));
 }
 
+// === a late writer ===
+
+/// Refuses the live rows of `late-*` users; `all_statuses` refuses their compensated rows too.
+async fn refuse_late_users(db: &sqlx::PgPool, all_statuses: bool) {
+    let status_check = if all_statuses {
+        ""
+    } else {
+        "AND NEW.status <> 'compensated'"
+    };
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        r#"
+        CREATE OR REPLACE FUNCTION test_refuse_late() RETURNS trigger AS $$
+        BEGIN
+          IF NEW.user_id LIKE 'late-%' {status_check} THEN
+            RAISE EXCEPTION 'test trigger refuses %', NEW.user_id;
+          END IF;
+          RETURN NEW;
+        END $$ LANGUAGE plpgsql;
+        CREATE TRIGGER test_refuse_late BEFORE INSERT ON issuances
+          FOR EACH ROW EXECUTE FUNCTION test_refuse_late();
+        "#
+    )))
+    .execute(db)
+    .await
+    .unwrap();
+}
+
+/// Parks and compensates one claim of `late-1`, then lets a writer that read its journal
+/// entry before all that write it. Returns the claim id.
+async fn compensate_then_write_late(app: &TestApp, sku: &str, all_statuses: bool) -> Uuid {
+    refuse_late_users(&app.db, all_statuses).await;
+    app.declare(sku, 10, 1).await;
+    let r = app.claim(sku, "late-1", 1, Some("late-key")).await;
+    assert_eq!(r.status(), 201);
+    let body: Value = r.json().await.unwrap();
+    let id = claim_id(&body);
+    wait_for(Duration::from_secs(15), || async {
+        parked_statuses(&app.probe).await == vec!["compensated"]
+    })
+    .await;
+    assert_eq!(app.stock(sku).await, Some(10));
+
+    // The writer that stalled holds the entry as it read it; the fault is gone by now.
+    sqlx::query("DROP TRIGGER test_refuse_late ON issuances")
+        .execute(&app.db)
+        .await
+        .unwrap();
+    let stale = dropgate::writer::Winner {
+        entry_id: "1-0".into(),
+        claim_id: id,
+        sku: sku.into(),
+        user: "late-1".into(),
+        quantity: 1,
+        idempotency_key: Some("late-key".into()),
+        remaining_after: body["remaining"].as_i64(),
+        created_ms: dropgate::claims::now_ms(),
+    };
+    dropgate::writer::write_batch(&app.db, &[stale], Duration::from_millis(50))
+        .await
+        .unwrap();
+    id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_that_wakes_up_after_the_compensation_does_not_resurrect_the_claim() {
+    let app = spawn_app_with(|c| c.reprocess_max_attempts = "2".into()).await;
+    let id = compensate_then_write_late(&app, "late", false).await;
+
+    let rows: Vec<(Uuid, String)> =
+        sqlx::query_as("SELECT claim_id, status FROM issuances WHERE sku = 'late'")
+            .fetch_all(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(rows, vec![(id, "compensated".to_string())]);
+    let v = app.drained("late").await;
+    assert_eq!(v["recorded"], 0);
+    assert_eq!(v["compensated"], 1);
+    assert_eq!(v["remaining"], 10);
+    assert_eq!(v["consistent"], true, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_writer_does_not_resurrect_a_claim_whose_compensated_row_was_refused_too() {
+    let app = spawn_app_with(|c| c.reprocess_max_attempts = "2".into()).await;
+    compensate_then_write_late(&app, "late2", true).await;
+
+    assert!(app.issued_ids("late2").await.is_empty());
+    let v = app.drained("late2").await;
+    assert_eq!(v["recorded"], 0);
+    assert_eq!(v["compensated"], 1);
+    assert_eq!(v["remaining"], 10);
+    assert_eq!(v["consistent"], true, "{v}");
+}
+
 // === PostgreSQL gone mid-batch ===
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
