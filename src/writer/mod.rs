@@ -23,11 +23,13 @@ use crate::metrics as m;
 use crate::store::Store;
 
 mod batch;
+mod consumers;
 mod journal;
 mod postgres;
 mod quarantine;
 
 pub use batch::{Batch, Unreadable, Winner};
+pub use consumers::{reap_idle_consumers, GONE_AFTER_CLAIM_IDLES};
 pub use postgres::{write_batch, Unwritable};
 pub use quarantine::Quarantined;
 
@@ -112,11 +114,13 @@ impl Writer {
     /// SKUs that won on this gateway are read as soon as the claim path signals them; every
     /// SKU of the catalog is swept every 500 ms (winners of other gateways, entries of
     /// dead ones), so the cost of idle SKUs stays flat; a SKU with winners held from a failed
-    /// pass is retried every round, with backoff, until they are settled.
+    /// pass is retried every round, with backoff, until they are settled. Once per claim-idle
+    /// time a sweep also removes the consumer names of gateways that are gone.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let mut catalog_skus: Vec<String> = Vec::new();
         let mut last_sweep: Option<Instant> = None;
         let mut last_autoclaim = Instant::now();
+        let mut last_reap = Instant::now();
         let mut backoff = Duration::ZERO;
         // SKUs whose last read came back full: more is waiting.
         let mut unfinished: HashSet<String> = HashSet::new();
@@ -157,6 +161,10 @@ impl Writer {
                     }
                 }
             }
+            if sweep && !stopping && last_reap.elapsed() > self.claim_idle {
+                last_reap = Instant::now();
+                self.reap_gone_consumers(&catalog_skus).await;
+            }
             if failed {
                 backoff = (backoff * 2).clamp(BACKOFF_MIN, BACKOFF_MAX);
             } else {
@@ -179,6 +187,17 @@ impl Writer {
             }
         }
         tracing::info!(consumer = %self.consumer, "writer stopped");
+    }
+
+    /// Removes the consumer names that gateways which stopped left in each SKU's group (see
+    /// `consumers.rs`); a failure only postpones that to the next sweep.
+    async fn reap_gone_consumers(&self, skus: &[String]) {
+        let idle = self.claim_idle * GONE_AFTER_CLAIM_IDLES;
+        for sku in skus {
+            if let Err(e) = reap_idle_consumers(&self.store, sku, idle, &self.consumer).await {
+                tracing::warn!(sku, error = %e, "could not remove the consumer names of stopped gateways; retrying later");
+            }
+        }
     }
 
     /// Settles one SKU's entries: those held from a failed pass first, else what its journal

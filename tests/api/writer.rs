@@ -15,6 +15,34 @@ fn journal_key(probe: &Probe, sku: &str) -> String {
     format!("{}:{{{sku}}}:journal", probe.prefix)
 }
 
+/// `(name, pending, idle ms)` of every consumer of the SKU's writer group.
+async fn consumers(probe: &Probe, sku: &str) -> Vec<(String, i64, i64)> {
+    let mut con = probe.redis.clone();
+    let reply: Vec<Vec<RedisValue>> = redis::cmd("XINFO")
+        .arg("CONSUMERS")
+        .arg(journal_key(probe, sku))
+        .arg("writers")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    reply
+        .into_iter()
+        .map(|fields| {
+            let (mut name, mut pending, mut idle) = (String::new(), 0, 0);
+            for pair in fields.chunks(2) {
+                let key: String = redis::from_redis_value_ref(&pair[0]).unwrap();
+                match key.as_str() {
+                    "name" => name = redis::from_redis_value_ref(&pair[1]).unwrap(),
+                    "pending" => pending = redis::from_redis_value_ref(&pair[1]).unwrap(),
+                    "idle" => idle = redis::from_redis_value_ref(&pair[1]).unwrap(),
+                    _ => {}
+                }
+            }
+            (name, pending, idle)
+        })
+        .collect()
+}
+
 /// Journal entries delivered to a writer and not yet acknowledged.
 async fn unacknowledged(probe: &Probe, sku: &str) -> i64 {
     let mut con = probe.redis.clone();
@@ -357,4 +385,149 @@ async fn winners_a_writer_held_when_postgres_died_are_written_as_soon_as_it_retu
     assert_eq!(app.issued_ids("held").await, won);
     let v = app.drained("held").await;
     assert_eq!(v["consistent"], true, "{v}");
+}
+
+// === gateways that are gone ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_gateways_consumer_name_is_removed_once_idle_and_no_entry_is_lost() {
+    let iso = Isolation::new();
+    // A consumer holding nothing is gone after 10 claim-idle times: 5 s here, far longer than
+    // the steps before the stop take, so only the stopped gateway's name can go.
+    let mut raw = iso.raw_config(REDIS_URL);
+    raw.journal_claim_idle_ms = "500".into();
+    let app1 = spawn_with_config(raw.clone()).await;
+    let app2 = spawn_with_config(raw).await;
+    app1.declare("gone", 100, 1).await;
+    let a = release_buyers(&app1.api, "gone", users("a", 10)).await;
+    // A consumer exists once its gateway has read an entry: claim on the second gateway until
+    // its writer (not the first one's sweep) has taken one.
+    let mut b = Vec::new();
+    for i in 0.. {
+        b.extend(release_buyers(&app2.api, "gone", vec![format!("b-{i}")]).await);
+        app1.drained("gone").await;
+        if consumers(&app1.probe, "gone").await.len() == 2 {
+            break;
+        }
+        assert!(i < 50, "the second gateway's writer never read the journal");
+    }
+    let before = consumers(&app1.probe, "gone").await;
+    assert!(
+        before.iter().all(|(_, pending, _)| *pending == 0),
+        "{before:?}"
+    );
+
+    app2.stop().await;
+    wait_for(Duration::from_secs(20), || async {
+        consumers(&app1.probe, "gone").await.len() == 1
+    })
+    .await;
+    let c = release_buyers(&app1.api, "gone", users("c", 10)).await;
+    let v = app1.drained("gone").await;
+    let mut won = won_ids(&a);
+    won.extend(won_ids(&b));
+    won.extend(won_ids(&c));
+    won.sort();
+    assert_eq!(won.len(), 20 + won_ids(&b).len());
+    assert_eq!(app1.issued_ids("gone").await, won);
+    assert_eq!(v["consistent"], true, "{v}");
+    // The one left is the live gateway's, and it is still reading.
+    let after = consumers(&app1.probe, "gone").await;
+    assert_eq!(after.len(), 1);
+    assert!(before.iter().any(|(n, _, _)| *n == after[0].0));
+    assert!(after[0].2 < 2000, "{after:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_holding_entries_is_never_removed_however_long_idle() {
+    let prefix = format!("t{}", &Uuid::new_v4().simple().to_string()[..16]);
+    let store = dropgate::store::Store::connect(REDIS_URL, &prefix, Duration::from_secs(2))
+        .await
+        .unwrap();
+    let journal = store.keys("s").journal();
+    let (mut con, _) = script_sku("s").await;
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&journal)
+        .arg("writers")
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg(&journal)
+        .arg("*")
+        .arg("c")
+        .arg("x")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    // "holder" took the entry and never acknowledged it; the others hold nothing.
+    let _: RedisValue = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("writers")
+        .arg("holder")
+        .arg("STREAMS")
+        .arg(&journal)
+        .arg(">")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    for name in ["me", "empty"] {
+        let _: i64 = redis::cmd("XGROUP")
+            .arg("CREATECONSUMER")
+            .arg(&journal)
+            .arg("writers")
+            .arg(name)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+    }
+    let names = |con: redis::aio::ConnectionManager| {
+        let journal = journal.clone();
+        async move {
+            let mut con = con;
+            let reply: Vec<Vec<RedisValue>> = redis::cmd("XINFO")
+                .arg("CONSUMERS")
+                .arg(&journal)
+                .arg("writers")
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            let mut names: Vec<String> = reply
+                .iter()
+                .map(|c| redis::from_redis_value_ref(&c[1]).unwrap())
+                .collect();
+            names.sort();
+            names
+        }
+    };
+
+    let hour = Duration::from_secs(3600);
+    let removed = dropgate::writer::reap_idle_consumers(&store, "s", hour, "me")
+        .await
+        .unwrap();
+    assert!(
+        removed.is_empty(),
+        "nobody has been idle an hour: {removed:?}"
+    );
+    let removed = dropgate::writer::reap_idle_consumers(&store, "s", Duration::ZERO, "me")
+        .await
+        .unwrap();
+    assert_eq!(removed, vec!["empty".to_string()]);
+    assert_eq!(names(con.clone()).await, vec!["holder", "me"]);
+    // The entry is still pending under its holder, for XAUTOCLAIM to take over.
+    let pending: Vec<RedisValue> = redis::cmd("XPENDING")
+        .arg(&journal)
+        .arg("writers")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(redis::from_redis_value_ref::<i64>(&pending[0]).unwrap(), 1);
+    // A journal or group that does not exist has nobody to remove.
+    let removed = dropgate::writer::reap_idle_consumers(&store, "none", Duration::ZERO, "me")
+        .await
+        .unwrap();
+    assert!(removed.is_empty());
 }
