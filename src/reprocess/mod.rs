@@ -122,9 +122,7 @@ impl Reprocessor {
         let attempt = row.attempts + 1;
         if self.marker(row, "fence").await? == 0 {
             // Given back by an earlier owner whose PostgreSQL update did not land.
-            return self
-                .finish_compensation(row, attempt, "compensated earlier")
-                .await;
+            return self.finish_compensation(row, row.attempts, None).await;
         }
         let reason = match rows::write(&self.db, row, self.owner).await {
             Ok(Written::Live) => {
@@ -133,7 +131,7 @@ impl Reprocessor {
             }
             Ok(Written::LeaseLost) => return Ok(()),
             // An earlier owner decided and could not give the units back yet: finish that.
-            Ok(Written::Compensating) => return self.give_back(row, attempt, "compensating").await,
+            Ok(Written::Compensating) => return self.give_back(row, row.attempts, None).await,
             // A lock held by an operator, a timeout, a lost connection: nothing about this
             // claim, so it spends no attempt (a long lock must not compensate winners).
             Err(e) if !e.refuses_row() => return self.postpone(row, &e).await,
@@ -173,37 +171,37 @@ impl Reprocessor {
             }
             Decision::LeaseLost => return Ok(()),
         }
-        self.give_back(row, attempt, reason).await
+        self.give_back(row, attempt, Some(reason)).await
     }
 
     /// Gives the claim's units back in Redis (once, and only as the owner that fenced it
-    /// last), then closes the parked row.
+    /// last), then closes the parked row with `attempts` spent (and `reason`, when new).
     async fn give_back(
         &self,
         row: &PendingRow,
-        attempt: i32,
-        reason: &str,
+        attempts: i32,
+        reason: Option<&str>,
     ) -> Result<(), ReprocessError> {
         match self.marker(row, "give").await? {
             1 => {
                 m::compensated(i64::from(row.quantity));
                 tracing::warn!(claim_id = %row.claim_id, sku = %row.sku, units = row.quantity,
-                    attempt, "claim compensated after its last attempt");
+                    attempts, "claim compensated after its last attempt");
             }
             0 => {}
             -2 => return Ok(()),
             _ => return Err(StoreError::SkuLost.into()),
         }
-        self.finish_compensation(row, attempt, reason).await
+        self.finish_compensation(row, attempts, reason).await
     }
 
     async fn finish_compensation(
         &self,
         row: &PendingRow,
-        attempt: i32,
-        reason: &str,
+        attempts: i32,
+        reason: Option<&str>,
     ) -> Result<(), ReprocessError> {
-        let live = rows::mark_compensated(&self.db, row, self.owner, attempt, reason).await?;
+        let live = rows::mark_compensated(&self.db, row, self.owner, attempts, reason).await?;
         if let Some(status) = live {
             // Only a compensation given back before decisions were recorded first can get
             // here; the view shows the mismatch and an operator settles the claim.

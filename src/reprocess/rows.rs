@@ -164,11 +164,11 @@ pub async fn mark_compensated(
     db: &PgPool,
     row: &PendingRow,
     owner: Uuid,
-    attempt: i32,
-    reason: &str,
+    attempts: i32,
+    reason: Option<&str>,
 ) -> Result<Option<String>, DbError> {
     let mut tx = db.begin().await?;
-    if !update_owned(&mut tx, row, owner, "compensated", attempt, Some(reason)).await? {
+    if !update_owned(&mut tx, row, owner, "compensated", attempts, reason).await? {
         return Ok(None);
     }
     sqlx::query("SAVEPOINT tombstone").execute(&mut *tx).await?;
