@@ -67,19 +67,96 @@ pub enum DbError {
     Sqlx(#[from] sqlx::Error),
 }
 
+/// What a PostgreSQL failure says about the statement that met it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DbFailure {
+    /// The database could not be reached or could not run the statement now (connection lost,
+    /// serialization failure or deadlock, out of resources, a lock or statement timeout, an
+    /// operator cancelling or shutting down): the same statement may succeed later, and the
+    /// rows in it say nothing about why it failed.
+    Transient,
+    /// The database refused these rows (a data exception, an integrity constraint, a trigger
+    /// raising): only then does a claim spend one of its attempts.
+    RowRefused,
+    /// Anything else (a missing table, a permission, a bug): not the rows' fault, and not
+    /// known to pass by itself.
+    Other,
+}
+
+/// Classifies a SQLSTATE (PostgreSQL's error code, appendix A of its manual) by class (the
+/// first two characters), with the one code of class 55 that is about waiting.
+pub fn classify_sqlstate(code: &str) -> DbFailure {
+    match code.get(..2).unwrap_or("") {
+        // 08 connection exception, 40 transaction rollback (40001 serialization failure,
+        // 40P01 deadlock), 53 insufficient resources, 57 operator intervention (57014 query
+        // cancelled by statement_timeout, 57P01 admin shutdown, 57P03 cannot connect now).
+        "08" | "40" | "53" | "57" => DbFailure::Transient,
+        // 55P03 lock not available (lock_timeout, NOWAIT).
+        "55" if code == "55P03" => DbFailure::Transient,
+        // 22 data exception (a NUL byte in text, a value out of range), 23 integrity
+        // constraint violation.
+        "22" | "23" => DbFailure::RowRefused,
+        // P0001 raise_exception: a trigger refusing the row.
+        _ if code == "P0001" => DbFailure::RowRefused,
+        _ => DbFailure::Other,
+    }
+}
+
 impl DbError {
-    /// Whether the failure is about reaching the database (retry later) rather than about the
-    /// statement (the database refused this row).
-    pub fn is_retryable(&self) -> bool {
+    /// The class of this failure: by SQLSTATE when the database answered, else by how the
+    /// client failed.
+    pub fn failure(&self) -> DbFailure {
         let DbError::Sqlx(e) = self;
-        matches!(
-            e,
+        match e {
+            sqlx::Error::Database(d) => d
+                .code()
+                .map_or(DbFailure::Other, |code| classify_sqlstate(&code)),
             sqlx::Error::Io(_)
-                | sqlx::Error::PoolTimedOut
-                | sqlx::Error::PoolClosed
-                | sqlx::Error::WorkerCrashed
-                | sqlx::Error::Protocol(_)
-                | sqlx::Error::Tls(_)
-        )
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed
+            | sqlx::Error::Protocol(_)
+            | sqlx::Error::Tls(_) => DbFailure::Transient,
+            _ => DbFailure::Other,
+        }
+    }
+
+    /// Whether the same statement may succeed later without anything changing in its rows
+    /// (retry it; never count it against a claim).
+    pub fn is_retryable(&self) -> bool {
+        self.failure() == DbFailure::Transient
+    }
+
+    /// Whether the database refused the rows themselves (a claim spends an attempt).
+    pub fn refuses_row(&self) -> bool {
+        self.failure() == DbFailure::RowRefused
+    }
+
+    /// The SQLSTATE, when the database answered with one.
+    pub fn sqlstate(&self) -> Option<String> {
+        let DbError::Sqlx(e) = self;
+        e.as_database_error()
+            .and_then(|d| d.code())
+            .map(|c| c.into_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{classify_sqlstate, DbFailure};
+
+    #[test]
+    fn waiting_and_unreachable_are_transient_and_only_row_faults_refuse_rows() {
+        for code in [
+            "08006", "40001", "40P01", "53300", "55P03", "57014", "57P01",
+        ] {
+            assert_eq!(classify_sqlstate(code), DbFailure::Transient, "{code}");
+        }
+        for code in ["22021", "22001", "23505", "23514", "P0001"] {
+            assert_eq!(classify_sqlstate(code), DbFailure::RowRefused, "{code}");
+        }
+        for code in ["42P01", "42501", "55000", "XX000", ""] {
+            assert_eq!(classify_sqlstate(code), DbFailure::Other, "{code}");
+        }
     }
 }

@@ -23,7 +23,7 @@ pub struct ClaimRow {
 }
 
 /// Finds a claim in `issuances`, else among the claims PostgreSQL refused (still `issued` to
-/// the buyer until compensated). A winner not yet written is not found (the writer's lag is
+/// the buyer until compensated), else in the quarantine (it won; an operator settles it). A winner not yet written is not found (the writer's lag is
 /// milliseconds).
 ///
 /// # Errors
@@ -38,6 +38,10 @@ pub async fn find_claim(db: &PgPool, id: Uuid) -> Result<Option<ClaimRow>, DbErr
                 CASE WHEN status = 'compensated' THEN 'compensated' ELSE 'issued' END,
                 NULL::timestamptz, created_at
            FROM persistence_pending WHERE claim_id = $1 AND status <> 'resolved'
+         UNION ALL
+         SELECT claim_id, sku, COALESCE(user_id, ''), COALESCE(quantity, 0), 'issued',
+                NULL::timestamptz, created_at
+           FROM quarantine WHERE claim_id = $1 AND resolved_at IS NULL
          LIMIT 1",
     )
     .bind(id)
@@ -68,19 +72,28 @@ pub async fn accounting(
 /// Renders views as the table `dropgate reconcile` prints.
 pub fn table(views: &[SkuView]) -> String {
     let mut s = format!(
-        "{:<24} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>10}\n",
-        "sku", "total", "remaining", "recorded", "in_flight", "pending", "compensated", "status"
+        "{:<24} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>12} {:>10}\n",
+        "sku",
+        "total",
+        "remaining",
+        "recorded",
+        "in_flight",
+        "pending",
+        "quarantined",
+        "compensated",
+        "status"
     );
     let opt = |v: Option<i64>| v.map_or("?".to_string(), |n| n.to_string());
     for v in views {
         s.push_str(&format!(
-            "{:<24} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>10}\n",
+            "{:<24} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>12} {:>10}\n",
             v.sku,
             v.total,
             opt(v.remaining),
             v.recorded,
             opt(v.in_flight),
             v.pending,
+            v.quarantined,
             v.compensated,
             if v.consistent { "ok" } else { "MISMATCH" }
         ));
@@ -101,16 +114,28 @@ pub struct SkuView {
     /// Units decided by Redis and not yet written; `None` when Redis cannot tell.
     pub in_flight: Option<i64>,
     pub pending: i64,
+    /// Units of winners in the quarantine, not yet resolved by an operator: they left Redis
+    /// stock and are in no other table, so the balance counts them.
+    pub quarantined: i64,
     pub compensated: i64,
+    /// `total == remaining + recorded + in_flight + pending + quarantined`.
     pub consistent: bool,
 }
 
-/// Ledger sums of one SKU, in units.
+/// Ledger sums of one SKU, in units. Each claim counts in one sum at most:
+/// - `recorded`: `issuances` rows of live claims (`issued`, `held`, `confirmed`); a
+///   `compensated` row there only keeps a late writer from inserting the claim again.
+/// - `pending`: `persistence_pending` rows not yet resolved.
+/// - `compensated`: `persistence_pending` rows compensated (every compensation goes through
+///   that table, so the `issuances` row of the same claim is not counted again).
+/// - `quarantined`: open `quarantine` rows whose claim is in neither table above (an operator
+///   who records it by hand is not counted twice, even before setting `resolved_at`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, sqlx::FromRow)]
 pub struct LedgerSums {
     pub recorded: i64,
     pub pending: i64,
     pub compensated: i64,
+    pub quarantined: i64,
 }
 
 /// Units by state in the ledger.
@@ -125,7 +150,12 @@ pub async fn ledger_sums(db: &PgPool, sku: &str) -> Result<LedgerSums, DbError> 
            (SELECT COALESCE(SUM(quantity), 0)::bigint FROM persistence_pending
              WHERE sku = $1 AND status IN ('pending', 'reprocessing')) AS pending,
            (SELECT COALESCE(SUM(quantity), 0)::bigint FROM persistence_pending
-             WHERE sku = $1 AND status = 'compensated') AS compensated",
+             WHERE sku = $1 AND status = 'compensated') AS compensated,
+           (SELECT COALESCE(SUM(q.quantity), 0)::bigint FROM quarantine q
+             WHERE q.sku = $1 AND q.resolved_at IS NULL
+               AND NOT EXISTS (SELECT 1 FROM issuances i WHERE i.claim_id = q.claim_id)
+               AND NOT EXISTS (SELECT 1 FROM persistence_pending p
+                                WHERE p.claim_id = q.claim_id)) AS quarantined",
     )
     .bind(sku)
     .fetch_one(db)
@@ -161,7 +191,9 @@ pub async fn view(store: &Store, catalog: &Catalog, sku: &str) -> Result<SkuView
         let (remaining, in_flight) = redis_side.unwrap_or((None, None));
         let sums = ledger_sums(db, sku).await?;
         let consistent = match (remaining, in_flight) {
-            (Some(r), Some(f)) => row.total == r + sums.recorded + f + sums.pending,
+            (Some(r), Some(f)) => {
+                row.total == r + sums.recorded + f + sums.pending + sums.quarantined
+            }
             _ => false,
         };
         let v = SkuView {
@@ -173,6 +205,7 @@ pub async fn view(store: &Store, catalog: &Catalog, sku: &str) -> Result<SkuView
             recorded: sums.recorded,
             in_flight,
             pending: sums.pending,
+            quarantined: sums.quarantined,
             compensated: sums.compensated,
             consistent,
         };

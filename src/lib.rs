@@ -15,9 +15,15 @@
 //! - [`scripts`] and `lua/`: the Lua scripts and their typed wrappers; [`keys`] names the keys;
 //!   [`record`] is a winner's record (idempotency record and journal entry).
 //! - [`store`]: Redis connections (multiplexed hot path, bb8 pool for background readers).
-//! - [`writer`]: journal (Redis Stream, `writer/journal.rs`) to `issuances`, batched
-//!   (`writer/postgres.rs`); refused rows to `persistence_pending`.
-//! - [`reprocess`]: retries parked rows; compensates after the last attempt, exactly once.
+//! - [`writer`]: the journal (a Redis Stream; `writer/journal.rs` is the one parser of its
+//!   entries) to `issuances`, batched (`writer/postgres.rs`); refused rows to `persistence_pending`;
+//!   entries no table takes to the quarantine (`writer/quarantine.rs`); a batch that met a
+//!   transient error held in memory and retried first; consumer names of stopped gateways
+//!   removed (`writer/consumers.rs`).
+//! - [`reprocess`]: retries parked rows (`reprocess/rows.rs`: the PostgreSQL side); after the
+//!   last attempt records the compensation in `issuances`, then gives the units back, once.
+//! - [`error`]: infrastructure errors per boundary; PostgreSQL errors classified by SQLSTATE
+//!   (transient, the row refused, other).
 //! - [`inventory`]: declare, restock (each under the SKU's operator lock); [`restore`]: the
 //!   SKU's Redis state rebuilt from the ledger, in chunks; [`ledger`]: the SKU view
 //!   (accounting), claim lookup, the reconcile table.

@@ -117,3 +117,8 @@ pub fn stale_state() {
 pub fn connection_refused() {
     counter!("dropgate_connections_refused_total").increment(1);
 }
+
+/// A journal entry no table would take, stored in `quarantine`.
+pub fn quarantined() {
+    counter!("dropgate_quarantined_total").increment(1);
+}

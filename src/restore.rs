@@ -133,7 +133,8 @@ pub async fn restore(
 #[derive(sqlx::FromRow)]
 struct LiveClaim {
     claim_id: uuid::Uuid,
-    user_id: String,
+    /// `None` for a quarantined winner whose entry could not be read.
+    user_id: Option<String>,
     quantity: i64,
     idempotency_key: Option<String>,
     remaining_after: Option<i64>,
@@ -141,8 +142,9 @@ struct LiveClaim {
     created_at: chrono::DateTime<chrono::Utc>,
 }
 
-/// Streams the claims that hold units (written and live, or refused and not yet compensated),
-/// writes their idempotency records and stages the per-user counts, a chunk at a time.
+/// Streams the claims that hold units (written and live, refused and not yet compensated, or
+/// quarantined and not yet settled by an operator), writes their idempotency records and stages
+/// the per-user counts, a chunk at a time.
 /// Returns the live units and the number of users holding them.
 async fn stage_live_claims(
     store: &Store,
@@ -158,7 +160,14 @@ async fn stage_live_claims(
          UNION ALL
          SELECT claim_id, user_id, quantity::bigint, idempotency_key, remaining_after, seq,
                 created_at
-           FROM persistence_pending WHERE sku = $1 AND status IN ('pending', 'reprocessing')",
+           FROM persistence_pending WHERE sku = $1 AND status IN ('pending', 'reprocessing')
+         UNION ALL
+         SELECT COALESCE(q.claim_id, '00000000-0000-0000-0000-000000000000'), q.user_id,
+                COALESCE(q.quantity, 0)::bigint, NULL, NULL, NULL, q.created_at
+           FROM quarantine q
+          WHERE q.sku = $1 AND q.resolved_at IS NULL
+            AND NOT EXISTS (SELECT 1 FROM issuances i WHERE i.claim_id = q.claim_id)
+            AND NOT EXISTS (SELECT 1 FROM persistence_pending p WHERE p.claim_id = q.claim_id)",
     )
     .bind(sku)
     .fetch(db);
@@ -168,16 +177,17 @@ async fn stage_live_claims(
     let mut queued = 0usize;
     while let Some(c) = rows.try_next().await.map_err(crate::error::DbError::from)? {
         units += c.quantity;
-        *held.entry(c.user_id.clone()).or_default() += c.quantity;
+        let Some(user_id) = c.user_id else { continue };
+        *held.entry(user_id.clone()).or_default() += c.quantity;
         if let Some(k) = c.idempotency_key {
-            let key = keys.idempotency(&c.user_id, &k);
+            let key = keys.idempotency(&user_id, &k);
             let record = ClaimRecord {
                 claim_id: c.claim_id,
                 quantity: c.quantity as u32,
                 created_ms: c.created_at.timestamp_millis(),
                 remaining: c.remaining_after.unwrap_or(0),
                 seq: c.seq.unwrap_or(0),
-                user: c.user_id,
+                user: user_id,
                 idempotency_key: Some(k),
             };
             pipe.set_ex(key, record.render(), RECORD_TTL_SECS).ignore();

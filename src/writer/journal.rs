@@ -1,15 +1,20 @@
 //! Reading and acknowledging a SKU's journal: the Redis Stream claim.lua appends winners to,
 //! consumed by the group [`GROUP`] so that each entry is owned by one writer at a time.
+//!
+//! This is the one place that knows an entry's layout (see claim.lua): an entry it cannot
+//! read is not skipped (it would stay pending forever and its units in `inflight`) but handed
+//! on as an [`Unreadable`] for the quarantine.
 
 use std::time::Duration;
 
 use redis::Value;
 
-use super::{Winner, READ_COUNT};
+use super::{Batch, Unreadable, Winner, READ_COUNT};
 use crate::error::StoreError;
 use crate::record::ClaimRecord;
 use crate::scripts::SCRIPTS;
 use crate::store::Store;
+use uuid::Uuid;
 
 pub const GROUP: &str = "writers";
 
@@ -19,7 +24,7 @@ pub async fn read(
     consumer: &str,
     sku: &str,
     from: &str,
-) -> Result<Vec<Winner>, StoreError> {
+) -> Result<Batch, StoreError> {
     let mut cmd = redis::cmd("XREADGROUP");
     cmd.arg("GROUP")
         .arg(GROUP)
@@ -30,12 +35,12 @@ pub async fn read(
         .arg(store.keys(sku).journal())
         .arg(from);
     // Reply: [[stream, [[id, [field, value, ...]], ...]]] or nil.
-    let mut out = Vec::new();
+    let mut out = Batch::default();
     if let Value::Array(streams) = stream_call(store, cmd).await? {
         for s in streams {
             if let Value::Array(mut parts) = s {
                 if parts.len() == 2 {
-                    out.extend(parse_entries(sku, parts.remove(1)));
+                    parse_entries(sku, parts.remove(1), &mut out);
                 }
             }
         }
@@ -49,7 +54,7 @@ pub async fn autoclaim(
     consumer: &str,
     idle: Duration,
     sku: &str,
-) -> Result<Vec<Winner>, StoreError> {
+) -> Result<Batch, StoreError> {
     let mut cmd = redis::cmd("XAUTOCLAIM");
     cmd.arg(store.keys(sku).journal())
         .arg(GROUP)
@@ -59,10 +64,12 @@ pub async fn autoclaim(
         .arg("COUNT")
         .arg(READ_COUNT);
     // Reply: [next-cursor, [[id, fields], ...], [deleted ids]].
-    let out = match stream_call(store, cmd).await? {
-        Value::Array(mut parts) if parts.len() >= 2 => parse_entries(sku, parts.remove(1)),
-        _ => Vec::new(),
-    };
+    let mut out = Batch::default();
+    if let Value::Array(mut parts) = stream_call(store, cmd).await? {
+        if parts.len() >= 2 {
+            parse_entries(sku, parts.remove(1), &mut out);
+        }
+    }
     if !out.is_empty() {
         tracing::info!(
             sku,
@@ -90,17 +97,49 @@ async fn stream_call(store: &Store, cmd: redis::Cmd) -> Result<Value, StoreError
     }
 }
 
-fn parse_entries(sku: &str, v: Value) -> Vec<Winner> {
-    let Value::Array(entries) = v else {
-        return Vec::new();
+/// The entry's bytes exactly as Redis holds them (`XRANGE` of its id), for the quarantine;
+/// `None` when the entry is no longer in the journal.
+///
+/// # Errors
+/// Redis unreachable.
+pub async fn raw_entry(
+    store: &Store,
+    sku: &str,
+    entry_id: &str,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    let mut cmd = redis::cmd("XRANGE");
+    cmd.arg(store.keys(sku).journal())
+        .arg(entry_id)
+        .arg(entry_id);
+    // Reply: [[id, [field, value, ...]]] or [].
+    let Value::Array(mut entries) = stream_call(store, cmd).await? else {
+        return Ok(None);
     };
-    entries
-        .into_iter()
-        .filter_map(|e| parse_entry(sku, e))
-        .collect()
+    Ok(match entries.pop() {
+        Some(Value::Array(mut parts)) if parts.len() == 2 => match parts.pop() {
+            Some(Value::Array(fields)) => Some(raw_fields(&fields)),
+            _ => None,
+        },
+        _ => None,
+    })
 }
 
-fn parse_entry(sku: &str, v: Value) -> Option<Winner> {
+fn parse_entries(sku: &str, v: Value, out: &mut Batch) {
+    let Value::Array(entries) = v else {
+        return;
+    };
+    for e in entries {
+        match parse_entry(sku, e) {
+            Some(Ok(w)) => out.winners.push(w),
+            Some(Err(u)) => out.unreadable.push(u),
+            None => {}
+        }
+    }
+}
+
+/// A winner, or the entry as it is when it does not hold one this code can read. `None` for
+/// a reply that is no entry at all (an id without fields: deleted since it was delivered).
+fn parse_entry(sku: &str, v: Value) -> Option<Result<Winner, Unreadable>> {
     let Value::Array(mut parts) = v else {
         return None;
     };
@@ -111,13 +150,59 @@ fn parse_entry(sku: &str, v: Value) -> Option<Winner> {
         return None;
     };
     let entry_id = as_string(parts.pop()?)?;
-    let mut it = fields.into_iter();
-    while let (Some(k), Some(v)) = (it.next(), it.next()) {
-        if as_string(k).as_deref() == Some("c") {
-            return parse_packed(sku, entry_id, &as_string(v)?);
+    let packed = fields
+        .chunks(2)
+        .find(|kv| as_bytes(&kv[0]) == Some(b"c".as_slice()))
+        .and_then(|kv| kv.get(1))
+        .and_then(as_bytes);
+    let parsed = packed
+        .and_then(|c| std::str::from_utf8(c).ok())
+        .and_then(|c| parse_packed(sku, entry_id.clone(), c));
+    Some(parsed.ok_or_else(|| {
+        // What can still be made out, so the quarantine row is found by claim and counted.
+        let mut head = packed.unwrap_or_default().splitn(3, |b| *b == b'|');
+        let claim_id = head.next().and_then(|c| Uuid::try_parse_ascii(c).ok());
+        let units = head
+            .next()
+            .and_then(|q| std::str::from_utf8(q).ok())
+            .and_then(|q| q.parse::<i32>().ok())
+            .filter(|q| *q > 0);
+        Unreadable {
+            entry_id,
+            raw: raw_fields(&fields),
+            claim_id,
+            units,
         }
+    }))
+}
+
+/// An entry's fields as `field=value` pairs joined by `\n`, byte for byte.
+fn raw_fields(fields: &[Value]) -> Vec<u8> {
+    let mut raw = Vec::new();
+    for (i, kv) in fields.chunks(2).enumerate() {
+        if i > 0 {
+            raw.push(b'\n');
+        }
+        raw.extend_from_slice(as_bytes(&kv[0]).unwrap_or_default());
+        raw.push(b'=');
+        raw.extend_from_slice(kv.get(1).and_then(as_bytes).unwrap_or_default());
     }
-    None
+    raw
+}
+
+/// A winner's entry as claim.lua would have written it: the quarantine's fallback when the
+/// entry has left the journal since it was read.
+pub fn render(w: &Winner) -> Vec<u8> {
+    let record = ClaimRecord {
+        claim_id: w.claim_id,
+        quantity: w.quantity.unsigned_abs(),
+        created_ms: w.created_ms,
+        remaining: w.remaining_after.unwrap_or(0),
+        seq: w.seq,
+        user: w.user.clone(),
+        idempotency_key: w.idempotency_key.clone(),
+    };
+    format!("c={}", record.render()).into_bytes()
 }
 
 /// Unpacks a winner's record (see [`ClaimRecord`]).
@@ -136,6 +221,14 @@ fn parse_packed(sku: &str, entry_id: String, c: &str) -> Option<Winner> {
     })
 }
 
+fn as_bytes(v: &Value) -> Option<&[u8]> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.as_bytes()),
+        _ => None,
+    }
+}
+
 fn as_string(v: Value) -> Option<String> {
     match v {
         Value::BulkString(b) => String::from_utf8(b).ok(),
@@ -144,25 +237,36 @@ fn as_string(v: Value) -> Option<String> {
     }
 }
 
-/// Acknowledges written entries (and drops their units from `inflight`, once).
-pub async fn ack(store: &Store, sku: &str, winners: &[Winner]) -> Result<(), StoreError> {
+/// Acknowledges settled entries (and drops their units from `inflight`, once).
+///
+/// # Errors
+/// Redis unreachable or timed out; acknowledging twice is harmless.
+pub async fn ack(store: &Store, sku: &str, batch: &Batch) -> Result<(), StoreError> {
     let keys = store.keys(sku);
     let mut inv = SCRIPTS.ack_journal.prepare_invoke();
     inv.key(keys.state()).key(keys.journal()).arg(GROUP);
-    for w in winners {
+    for w in &batch.winners {
         inv.arg(&w.entry_id).arg(w.quantity);
     }
+    for u in &batch.unreadable {
+        // Units that cannot be read stay in `inflight`: the view then shows the mismatch.
+        inv.arg(&u.entry_id).arg(u.units.unwrap_or(0));
+    }
     let mut con = store.hot();
-    store
+    let reply = store
         .bounded(async { Ok(inv.invoke_async::<i64>(&mut con).await?) })
-        .await?;
-    Ok(())
+        .await;
+    match reply {
+        // The journal is gone (Redis lost the SKU, a restore rebuilt it from the ledger):
+        // there is nothing left to acknowledge.
+        Err(StoreError::Redis(r)) if r.code() == Some("NOGROUP") => Ok(()),
+        other => other.map(|_| ()),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use uuid::Uuid;
 
     #[test]
     fn packed_entries_keep_separators_inside_user_and_key() {
@@ -178,5 +282,42 @@ mod tests {
         let w = parse_packed("s", "1-0".into(), &format!("{id}|1|1|0|1|1|u")).unwrap();
         assert_eq!((w.user.as_str(), w.idempotency_key), ("u", None));
         assert!(parse_packed("s", "1-0".into(), &format!("{id}|1|1|0|1|9|u")).is_none());
+    }
+
+    fn entry(c: &[u8]) -> Value {
+        Value::Array(vec![
+            Value::BulkString(b"7-1".to_vec()),
+            Value::Array(vec![
+                Value::BulkString(b"c".to_vec()),
+                Value::BulkString(c.to_vec()),
+            ]),
+        ])
+    }
+
+    #[test]
+    fn an_entry_that_cannot_be_read_is_kept_byte_for_byte_with_what_can_be_made_out() {
+        let id = Uuid::now_v7();
+        let mut c = format!("{id}|2|1700|40|5|2|").into_bytes();
+        c.extend_from_slice(b"\xff\xfe");
+        let Some(Err(u)) = parse_entry("s", entry(&c)) else {
+            panic!("invalid UTF-8 is not a winner");
+        };
+        assert_eq!(
+            (u.entry_id.as_str(), u.claim_id, u.units),
+            ("7-1", Some(id), Some(2))
+        );
+        assert_eq!(u.raw, [b"c=".as_slice(), &c].concat());
+        let Some(Err(u)) = parse_entry("s", entry(b"garbage")) else {
+            panic!("garbage is not a winner");
+        };
+        assert_eq!((u.claim_id, u.units), (None, None));
+    }
+
+    #[test]
+    fn a_rendered_winner_reads_back_as_itself() {
+        let id = Uuid::now_v7();
+        let c = format!("{id}|1|1700|40|5|3|a|bkey");
+        let w = parse_packed("s", "7-1".into(), &c).unwrap();
+        assert_eq!(render(&w), format!("c={c}").into_bytes());
     }
 }

@@ -4,9 +4,11 @@
 //! Delivery is at least once and the insert is idempotent (`ON CONFLICT (claim_id) DO
 //! NOTHING`), so every winner is written exactly once: an entry is acknowledged only after the
 //! commit that holds it, and entries left unacknowledged by a gateway that died are taken over
-//! with XAUTOCLAIM once they have been idle for `journal_claim_idle`.
+//! with XAUTOCLAIM once they have been idle for `journal_claim_idle`. Winners a live writer
+//! read and could not settle (PostgreSQL down, a lock timeout) stay in its memory and are
+//! retried first, so they never wait for that idle time.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,10 +23,16 @@ use crate::freshness::{self, Marks};
 use crate::metrics as m;
 use crate::store::Store;
 
+mod batch;
+mod consumers;
 mod journal;
 mod postgres;
+mod quarantine;
 
-pub use postgres::write_batch;
+pub use batch::{Batch, Unreadable, Winner};
+pub use consumers::{reap_idle_consumers, GONE_AFTER_CLAIM_IDLES};
+pub use postgres::{write_batch, Unwritable};
+pub use quarantine::Quarantined;
 
 /// Entries read per SKU per round; also the largest insert batch.
 const READ_COUNT: usize = 2048;
@@ -61,22 +69,6 @@ impl WriterSignal {
     }
 }
 
-/// One winner as the journal holds it.
-#[derive(Debug, Clone)]
-pub struct Winner {
-    /// Stream entry id, acknowledged after the commit.
-    pub entry_id: String,
-    pub claim_id: Uuid,
-    pub sku: String,
-    pub user: String,
-    pub quantity: i32,
-    pub idempotency_key: Option<String>,
-    pub remaining_after: Option<i64>,
-    pub created_ms: i64,
-    /// The SKU state's sequence this winner produced (see [`crate::freshness`]).
-    pub seq: i64,
-}
-
 /// Moves journaled winners into PostgreSQL.
 pub struct Writer {
     store: Store,
@@ -91,6 +83,13 @@ pub struct Writer {
     first_retry: Duration,
     /// The ledger's high-water marks, raised after every batch (the claim path reads them).
     marks: Arc<Marks>,
+    /// Winners read and not yet settled, per SKU, after a pass failed (PostgreSQL or Redis
+    /// unreachable, a lock timeout): retried from memory before the SKU's journal is read
+    /// again, so while this gateway lives none of them waits for XAUTOCLAIM's idle time.
+    held: HashMap<String, Batch>,
+    /// SKUs whose last journal read failed: Redis may have delivered entries whose reply was
+    /// lost, so the next pass first re-reads this consumer's own pending entries.
+    reread: HashSet<String>,
 }
 
 impl Writer {
@@ -110,6 +109,8 @@ impl Writer {
             claim_idle,
             first_retry,
             marks,
+            held: HashMap::new(),
+            reread: HashSet::new(),
         }
     }
 
@@ -117,11 +118,14 @@ impl Writer {
     ///
     /// SKUs that won on this gateway are read as soon as the claim path signals them; every
     /// SKU of the catalog is swept every 500 ms (winners of other gateways, entries of
-    /// dead ones, retries after a failure), so the cost of idle SKUs stays flat.
+    /// dead ones), so the cost of idle SKUs stays flat; a SKU with winners held from a failed
+    /// pass is retried every round, with backoff, until they are settled. Once per claim-idle
+    /// time a sweep also removes the consumer names of gateways that are gone.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let mut catalog_skus: Vec<String> = Vec::new();
         let mut last_sweep: Option<Instant> = None;
         let mut last_autoclaim = Instant::now();
+        let mut last_reap = Instant::now();
         let mut backoff = Duration::ZERO;
         // SKUs whose last read came back full: more is waiting.
         let mut unfinished: HashSet<String> = HashSet::new();
@@ -131,6 +135,10 @@ impl Writer {
                 stopping || !backoff.is_zero() || last_sweep.is_none_or(|t| t.elapsed() > SWEEP);
             let mut targets: HashSet<String> = self.signal.take();
             targets.extend(unfinished.drain());
+            // A SKU with winners in hand is retried whether or not anything signals it (it
+            // may not be in the catalog list yet, and reading that list may be what failed).
+            targets.extend(self.held.keys().cloned());
+            targets.extend(self.reread.iter().cloned());
             if sweep {
                 if let Ok(list) = catalog::all_ids(&self.db).await {
                     catalog_skus = list;
@@ -145,7 +153,7 @@ impl Writer {
             let mut moved = 0usize;
             let mut failed = false;
             for sku in &targets {
-                match self.pass(sku, autoclaim, !backoff.is_zero()).await {
+                match self.pass(sku, autoclaim).await {
                     Ok(n) => {
                         moved += n;
                         if n >= READ_COUNT {
@@ -157,6 +165,10 @@ impl Writer {
                         tracing::warn!(sku, error = %e, "writer pass failed; the journal keeps the winners");
                     }
                 }
+            }
+            if sweep && !stopping && last_reap.elapsed() > self.claim_idle {
+                last_reap = Instant::now();
+                self.reap_gone_consumers(&catalog_skus).await;
             }
             if failed {
                 backoff = (backoff * 2).clamp(BACKOFF_MIN, BACKOFF_MAX);
@@ -182,43 +194,90 @@ impl Writer {
         tracing::info!(consumer = %self.consumer, "writer stopped");
     }
 
-    /// Reads one SKU's journal and writes what it holds. `own_pending` re-reads entries this
-    /// consumer took but could not write (after a failure), before new ones.
-    async fn pass(
-        &mut self,
-        sku: &str,
-        autoclaim: bool,
-        own_pending: bool,
-    ) -> Result<usize, WriteError> {
-        let mut winners = Vec::new();
+    /// Removes the consumer names that gateways which stopped left in each SKU's group (see
+    /// `consumers.rs`); a failure only postpones that to the next sweep.
+    async fn reap_gone_consumers(&self, skus: &[String]) {
+        let idle = self.claim_idle * GONE_AFTER_CLAIM_IDLES;
+        for sku in skus {
+            if let Err(e) = reap_idle_consumers(&self.store, sku, idle, &self.consumer).await {
+                tracing::warn!(sku, error = %e, "could not remove the consumer names of stopped gateways; retrying later");
+            }
+        }
+    }
+
+    /// Settles one SKU's entries: those held from a failed pass first, else what its journal
+    /// holds. Returns how many were settled.
+    async fn pass(&mut self, sku: &str, autoclaim: bool) -> Result<usize, WriteError> {
+        let batch = match self.held.remove(sku) {
+            Some(held) => held,
+            None => match self.read(sku, autoclaim).await {
+                Ok(b) => b,
+                Err(e) => {
+                    self.reread.insert(sku.to_string());
+                    return Err(e.into());
+                }
+            },
+        };
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        match self.settle(sku, &batch).await {
+            Ok(()) => Ok(batch.len()),
+            Err(e) => {
+                self.held.insert(sku.to_string(), batch);
+                Err(e)
+            }
+        }
+    }
+
+    /// Reads a SKU's journal: entries of stopped gateways when `autoclaim`, this consumer's own
+    /// unacknowledged entries after a failed read, else new ones.
+    async fn read(&mut self, sku: &str, autoclaim: bool) -> Result<Batch, StoreError> {
+        let mut batch = Batch::default();
         if autoclaim {
-            winners.extend(
+            batch.extend(
                 journal::autoclaim(&self.store, &self.consumer, self.claim_idle, sku).await?,
             );
         }
-        if own_pending {
-            winners.extend(journal::read(&self.store, &self.consumer, sku, "0").await?);
+        if self.reread.remove(sku) {
+            batch.extend(journal::read(&self.store, &self.consumer, sku, "0").await?);
         }
-        if winners.is_empty() {
-            winners = journal::read(&self.store, &self.consumer, sku, ">").await?;
+        if batch.is_empty() {
+            batch = journal::read(&self.store, &self.consumer, sku, ">").await?;
         }
-        if winners.is_empty() {
-            return Ok(0);
-        }
-        // The same entry may come from two reads above; write it once.
-        winners.sort_by(|a, b| a.entry_id.cmp(&b.entry_id));
-        winners.dedup_by(|a, b| a.entry_id == b.entry_id);
+        batch.dedup();
+        Ok(batch)
+    }
+
+    /// Writes the winners to PostgreSQL (or parks them), quarantines what no table takes, then
+    /// acknowledges the entries. Every step may be repeated after a failure: the inserts are
+    /// idempotent and an entry's units leave `inflight` once.
+    async fn settle(&self, sku: &str, batch: &Batch) -> Result<(), WriteError> {
         let started = Instant::now();
-        write_batch(&self.db, &winners, self.first_retry).await?;
-        let written: Vec<(i64, Uuid)> = winners.iter().map(|w| (w.seq, w.claim_id)).collect();
-        freshness::record_batch(&self.db, &self.store, &self.marks, sku, &written).await?;
-        m::writer_batch(winners.len(), started.elapsed());
+        let unwritable = write_batch(&self.db, &batch.winners, self.first_retry).await?;
+        if !batch.winners.is_empty() {
+            let written: Vec<(i64, Uuid)> =
+                batch.winners.iter().map(|w| (w.seq, w.claim_id)).collect();
+            freshness::record_batch(&self.db, &self.store, &self.marks, sku, &written).await?;
+            m::writer_batch(batch.winners.len(), started.elapsed());
+        }
         let now = crate::claims::now_ms();
-        for w in &winners {
+        for w in &batch.winners {
             m::journal_lag(Duration::from_millis((now - w.created_ms).max(0) as u64));
         }
-        journal::ack(&self.store, sku, &winners).await?;
-        Ok(winners.len())
+        let mut poison = Vec::with_capacity(unwritable.len() + batch.unreadable.len());
+        for u in unwritable {
+            let w = &batch.winners[u.index];
+            // The bytes as Redis holds them; rendered from what was read if the entry is gone.
+            let raw = journal::raw_entry(&self.store, sku, &w.entry_id)
+                .await?
+                .unwrap_or_else(|| journal::render(w));
+            poison.push(Quarantined::winner(w, raw, u.error));
+        }
+        poison.extend(batch.unreadable.iter().map(Quarantined::unreadable));
+        quarantine::record(&self.db, sku, &poison).await?;
+        journal::ack(&self.store, sku, batch).await?;
+        Ok(())
     }
 }
 

@@ -9,42 +9,85 @@ use super::Winner;
 use crate::error::DbError;
 use crate::metrics as m;
 
+/// A claim already in `issuances` is left as it is: written before, or compensated (the
+/// reprocessor writes a compensated claim's row with that status before giving its units
+/// back). A claim compensated without that row (`issuances` refused it too) is skipped by the
+/// `NOT EXISTS`: a writer that read its entry long ago never brings it back.
 const INSERT_ISSUANCES: &str = "INSERT INTO issuances
       (claim_id, sku, user_id, quantity, idempotency_key, remaining_after, created_at, seq)
     SELECT c, s, u, q, k, r, to_timestamp(ms::double precision / 1000), n
       FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::int8[], $7::int8[],
                   $8::int8[])
         AS t(c, s, u, q, k, r, ms, n)
+     WHERE NOT EXISTS (SELECT 1 FROM persistence_pending p
+                        WHERE p.claim_id = t.c AND p.status = 'compensated')
     ON CONFLICT (claim_id) DO NOTHING";
+
+/// A winner that neither `issuances` nor `persistence_pending` would take: the caller
+/// quarantines it before acknowledging its entry.
+#[derive(Debug)]
+pub struct Unwritable {
+    /// Its position in the batch given to [`write_batch`].
+    pub index: usize,
+    /// Both refusals, as the database worded them.
+    pub error: String,
+}
 
 /// Inserts winners in one statement; when PostgreSQL refuses the batch, splits it so the good
 /// rows land, and moves each refused row to `persistence_pending` with the database's reason.
+/// Returns the rows `persistence_pending` refused too (a NUL byte in a text column, say).
 ///
 /// # Errors
-/// A retryable database error (unreachable): nothing is acknowledged and the batch is tried
-/// again later.
+/// A transient database error (unreachable, a lock or statement timeout, a deadlock; see
+/// [`DbError::is_retryable`]): nothing is acknowledged and the batch is tried again later. No
+/// row is parked for a failure that is not about the row. The same when parking meets an
+/// error that is not about the row (a missing table, a permission): the batch waits for an
+/// operator rather than quarantine winners that are fine.
 pub async fn write_batch(
     db: &PgPool,
     winners: &[Winner],
     first_retry: Duration,
-) -> Result<(), DbError> {
-    let mut stack: Vec<&[Winner]> = vec![winners];
-    while let Some(chunk) = stack.pop() {
+) -> Result<Vec<Unwritable>, DbError> {
+    let mut unwritable = Vec::new();
+    let mut stack: Vec<(usize, usize)> = vec![(0, winners.len())];
+    while let Some((start, end)) = stack.pop() {
+        let chunk = &winners[start..end];
+        if chunk.is_empty() {
+            continue;
+        }
         match insert(db, chunk).await {
             Ok(()) => {}
             Err(e) if e.is_retryable() => return Err(e),
             Err(e) if chunk.len() == 1 => {
                 m::writer_refused(1);
-                park(db, &chunk[0], &e.to_string(), first_retry).await?;
+                match park(db, &chunk[0], &e.to_string(), first_retry).await {
+                    Ok(()) => {}
+                    Err(p) if p.refuses_row() => unwritable.push(Unwritable {
+                        index: start,
+                        error: format!(
+                            "issuances: {}; persistence_pending: {}",
+                            with_code(&e),
+                            with_code(&p)
+                        ),
+                    }),
+                    Err(p) => return Err(p),
+                }
             }
             Err(_) => {
-                let (a, b) = chunk.split_at(chunk.len() / 2);
-                stack.push(b);
-                stack.push(a);
+                let mid = start + chunk.len() / 2;
+                stack.push((mid, end));
+                stack.push((start, mid));
             }
         }
     }
-    Ok(())
+    Ok(unwritable)
+}
+
+fn with_code(e: &DbError) -> String {
+    match e.sqlstate() {
+        Some(code) => format!("{e} (SQLSTATE {code})"),
+        None => e.to_string(),
+    }
 }
 
 async fn insert(db: &PgPool, rows: &[Winner]) -> Result<(), DbError> {

@@ -17,3 +17,4 @@ mod restock;
 mod rollback;
 mod services;
 mod stalls;
+mod writer;

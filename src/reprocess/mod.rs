@@ -5,6 +5,12 @@
 //! by a compare-and-set on its status; every later update names the owner, so a reprocessor
 //! whose lease ran out changes nothing; and the Redis side of a compensation is guarded by a
 //! per-claim marker set in the same script, so even a stale owner cannot give units back twice.
+//!
+//! A compensation is recorded before it is given: the claim's `issuances` row is written
+//! with status `compensated` first (see `rows.rs`), so a writer that still holds the claim's
+//! journal entry can never record it as live afterwards. Only a refusal of the row itself
+//! (SQLSTATE class 22, 23, or a trigger's P0001) spends an attempt; a lock timeout, a
+//! deadlock or a lost connection puts the row back as it was.
 
 use std::time::Duration;
 
@@ -18,6 +24,10 @@ use crate::metrics as m;
 use crate::scripts::SCRIPTS;
 use crate::store::Store;
 
+mod rows;
+
+use rows::{Decision, Written};
+
 const TICK: Duration = Duration::from_millis(100);
 /// A lease outlives any one attempt by far; after it, another reprocessor may take the row.
 const LEASE_SECS: f64 = 30.0;
@@ -26,7 +36,7 @@ const BATCH: i64 = 64;
 const MARKER_TTL_SECS: u64 = 30 * 24 * 3600;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
-struct PendingRow {
+pub(crate) struct PendingRow {
     claim_id: Uuid,
     sku: String,
     user_id: String,
@@ -35,6 +45,8 @@ struct PendingRow {
     remaining_after: Option<i64>,
     created_at: chrono::DateTime<chrono::Utc>,
     attempts: i32,
+    /// The state sequence the claim produced (kept with its row; see [`crate::freshness`]).
+    seq: Option<i64>,
 }
 
 pub struct Reprocessor {
@@ -87,7 +99,7 @@ impl Reprocessor {
                      LIMIT $3
                      FOR UPDATE SKIP LOCKED)
               RETURNING p.claim_id, p.sku, p.user_id, p.quantity, p.idempotency_key,
-                        p.remaining_after, p.created_at, p.attempts",
+                        p.remaining_after, p.created_at, p.attempts, p.seq",
         )
         .bind(self.owner)
         .bind(LEASE_SECS)
@@ -111,87 +123,120 @@ impl Reprocessor {
     async fn work(&self, row: &PendingRow) -> Result<(), ReprocessError> {
         let attempt = row.attempts + 1;
         if self.marker(row, "fence").await? == 0 {
-            // Compensated by an earlier owner whose PostgreSQL update did not land.
-            return self
-                .mark_compensated(row, attempt, "compensated earlier")
-                .await;
+            // Given back by an earlier owner whose PostgreSQL update did not land.
+            return self.finish_compensation(row, row.attempts, None).await;
         }
-        let reason = match self.write(row).await {
-            Ok(()) => {
+        let reason = match rows::write(&self.db, row, self.owner).await {
+            Ok(Written::Live) => {
                 tracing::info!(claim_id = %row.claim_id, attempt, "parked claim written");
                 return Ok(());
             }
-            Err(e) if e.is_retryable() => return Err(e.into()),
+            Ok(Written::LeaseLost) => return Ok(()),
+            // An earlier owner decided and could not give the units back yet: finish that.
+            Ok(Written::Compensating) => return self.give_back(row, row.attempts, None).await,
+            // A lock held by an operator, a timeout, a lost connection: nothing about this
+            // claim, so it spends no attempt (a long lock must not compensate winners).
+            Err(e) if !e.refuses_row() => return self.postpone(row, &e).await,
             Err(e) => e.to_string(),
         };
         if attempt as u32 >= self.max_attempts {
-            return match self.marker(row, "give").await? {
-                1 => {
-                    m::compensated(i64::from(row.quantity));
-                    tracing::warn!(claim_id = %row.claim_id, sku = %row.sku, units = row.quantity,
-                        attempt, "claim compensated after its last attempt");
-                    self.mark_compensated(row, attempt, &reason).await
-                }
-                0 => self.mark_compensated(row, attempt, &reason).await,
-                -2 => Ok(()),
-                _ => Err(StoreError::SkuLost.into()),
-            };
+            return self.compensate(row, attempt, &reason).await;
         }
-        let delay = self
-            .backoff
-            .saturating_mul(1u32 << (attempt - 1).clamp(0, 20))
-            .min(REPROCESS_BACKOFF_CAP);
-        sqlx::query(
-            "UPDATE persistence_pending
-                SET status = 'pending', attempts = $3, failure_reason = $4, lease_owner = NULL,
-                    lease_until = NULL, updated_at = now(),
-                    next_attempt_at = now() + make_interval(secs => $5)
-              WHERE claim_id = $1 AND lease_owner = $2 AND status = 'reprocessing'",
+        rows::reschedule(
+            &self.db,
+            row,
+            self.owner,
+            attempt,
+            &reason,
+            self.delay(attempt),
         )
-        .bind(row.claim_id)
-        .bind(self.owner)
-        .bind(attempt)
-        .bind(&reason)
-        .bind(delay.as_secs_f64())
-        .execute(&self.db)
-        .await
-        .map_err(DbError::from)?;
+        .await?;
         Ok(())
     }
 
-    /// Writes the claim to `issuances` and resolves the parked row, in one transaction that
-    /// commits only while this process still owns the lease.
-    async fn write(&self, row: &PendingRow) -> Result<(), DbError> {
-        let mut tx = self.db.begin().await?;
-        sqlx::query(
-            "INSERT INTO issuances
-               (claim_id, sku, user_id, quantity, idempotency_key, remaining_after, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (claim_id) DO NOTHING",
-        )
-        .bind(row.claim_id)
-        .bind(&row.sku)
-        .bind(&row.user_id)
-        .bind(row.quantity)
-        .bind(&row.idempotency_key)
-        .bind(row.remaining_after)
-        .bind(row.created_at)
-        .execute(&mut *tx)
-        .await?;
-        let owned = sqlx::query(
-            "UPDATE persistence_pending
-                SET status = 'resolved', attempts = attempts + 1, lease_owner = NULL,
-                    lease_until = NULL, updated_at = now()
-              WHERE claim_id = $1 AND lease_owner = $2 AND status = 'reprocessing'",
-        )
-        .bind(row.claim_id)
-        .bind(self.owner)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if owned == 1 {
-            tx.commit().await?;
+    /// After the last attempt: the decision is recorded in PostgreSQL first (so no writer can
+    /// record the claim as live after it), then the units go back, then the row is closed.
+    async fn compensate(
+        &self,
+        row: &PendingRow,
+        attempt: i32,
+        reason: &str,
+    ) -> Result<(), ReprocessError> {
+        match rows::decide_compensation(&self.db, row, self.owner, attempt, reason).await? {
+            Decision::Compensate => {}
+            Decision::CompensateUnrecorded(e) => {
+                tracing::warn!(claim_id = %row.claim_id, error = %e, "issuances refused the compensated row too; persistence_pending alone records the compensation");
+            }
+            Decision::AlreadyLive => {
+                tracing::info!(claim_id = %row.claim_id, "parked claim was written meanwhile; nothing to compensate");
+                return Ok(());
+            }
+            Decision::LeaseLost => return Ok(()),
         }
-        // Lease lost: the new owner decides; rolling back leaves no trace of this attempt.
+        self.give_back(row, attempt, Some(reason)).await
+    }
+
+    /// Gives the claim's units back in Redis (once, and only as the owner that fenced it
+    /// last), then closes the parked row with `attempts` spent (and `reason`, when new).
+    async fn give_back(
+        &self,
+        row: &PendingRow,
+        attempts: i32,
+        reason: Option<&str>,
+    ) -> Result<(), ReprocessError> {
+        match self.marker(row, "give").await? {
+            1 => {
+                m::compensated(i64::from(row.quantity));
+                tracing::warn!(claim_id = %row.claim_id, sku = %row.sku, units = row.quantity,
+                    attempts, "claim compensated after its last attempt");
+            }
+            0 => {}
+            -2 => return Ok(()),
+            _ => return Err(StoreError::SkuLost.into()),
+        }
+        self.finish_compensation(row, attempts, reason).await
+    }
+
+    async fn finish_compensation(
+        &self,
+        row: &PendingRow,
+        attempts: i32,
+        reason: Option<&str>,
+    ) -> Result<(), ReprocessError> {
+        let live = rows::mark_compensated(&self.db, row, self.owner, attempts, reason).await?;
+        if let Some(status) = live {
+            // Only a compensation given back before decisions were recorded first can get
+            // here; the view shows the mismatch and an operator settles the claim.
+            tracing::error!(claim_id = %row.claim_id, sku = %row.sku, status,
+                "claim is recorded as live and was also compensated; an operator must settle it");
+        }
+        Ok(())
+    }
+
+    /// The wait after the `attempt`-th attempt: the backoff, doubled per attempt, capped.
+    fn delay(&self, attempt: i32) -> Duration {
+        self.backoff
+            .saturating_mul(1u32 << (attempt - 1).clamp(0, 20))
+            .min(REPROCESS_BACKOFF_CAP)
+    }
+
+    /// Puts the row back without spending an attempt, after a failure that was not about it.
+    async fn postpone(&self, row: &PendingRow, e: &DbError) -> Result<(), ReprocessError> {
+        if e.is_retryable() {
+            tracing::warn!(claim_id = %row.claim_id, error = %e, "parked claim not written this time; retrying without spending an attempt");
+        } else {
+            tracing::error!(claim_id = %row.claim_id, error = %e, "parked claim cannot be written until an operator fixes the database; retrying without spending an attempt");
+        }
+        let delay = self.delay(row.attempts.max(1));
+        rows::reschedule(
+            &self.db,
+            row,
+            self.owner,
+            row.attempts,
+            &e.to_string(),
+            delay,
+        )
+        .await?;
         Ok(())
     }
 
@@ -218,28 +263,6 @@ impl Reprocessor {
         self.store
             .bounded(async { Ok(inv.invoke_async(&mut con).await?) })
             .await
-    }
-
-    async fn mark_compensated(
-        &self,
-        row: &PendingRow,
-        attempt: i32,
-        reason: &str,
-    ) -> Result<(), ReprocessError> {
-        sqlx::query(
-            "UPDATE persistence_pending
-                SET status = 'compensated', attempts = $3, failure_reason = $4,
-                    lease_owner = NULL, lease_until = NULL, updated_at = now()
-              WHERE claim_id = $1 AND lease_owner = $2 AND status = 'reprocessing'",
-        )
-        .bind(row.claim_id)
-        .bind(self.owner)
-        .bind(attempt)
-        .bind(reason)
-        .execute(&self.db)
-        .await
-        .map_err(DbError::from)?;
-        Ok(())
     }
 }
 

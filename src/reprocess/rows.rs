@@ -1,0 +1,223 @@
+//! The reprocessor's PostgreSQL side: each change to a parked row is one transaction that
+//! commits only while this process still holds the row's lease.
+//!
+//! A compensation is decided here before Redis gives anything back: the claim's `issuances`
+//! row is written with status `compensated`, in the transaction that records the last
+//! attempt. From its commit on, a writer that read the claim's journal entry long ago and
+//! writes it only now finds the row taken (`ON CONFLICT (claim_id) DO NOTHING`), so a
+//! compensated claim is never recorded as live; and a writer that got there first is seen
+//! here, and the claim is resolved instead of compensated.
+
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use super::PendingRow;
+use crate::error::DbError;
+
+/// What writing a parked claim to `issuances` found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Written {
+    /// The claim is in `issuances` as a live claim (now, or by a writer earlier); the parked
+    /// row is resolved.
+    Live,
+    /// An earlier owner decided to compensate the claim: only the giving back is left.
+    Compensating,
+    /// The lease ran out: the new owner decides; nothing changed.
+    LeaseLost,
+}
+
+/// What recording the decision to compensate found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Recorded (or recorded before): the units may be given back.
+    Compensate,
+    /// `issuances` refused even the compensated row (the same refusal keeps a late writer's
+    /// live row out; the writer also skips claims compensated in `persistence_pending`).
+    CompensateUnrecorded(String),
+    /// The claim was written as a live claim meanwhile: nothing must be given back.
+    AlreadyLive,
+    LeaseLost,
+}
+
+const INSERT: &str = "INSERT INTO issuances
+       (claim_id, sku, user_id, quantity, idempotency_key, remaining_after, created_at, status,
+        seq)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (claim_id) DO NOTHING";
+
+async fn insert(tx: &mut PgConnection, row: &PendingRow, status: &str) -> Result<u64, DbError> {
+    Ok(sqlx::query(INSERT)
+        .bind(row.claim_id)
+        .bind(&row.sku)
+        .bind(&row.user_id)
+        .bind(row.quantity)
+        .bind(&row.idempotency_key)
+        .bind(row.remaining_after)
+        .bind(row.created_at)
+        .bind(status)
+        .bind(row.seq)
+        .execute(tx)
+        .await?
+        .rows_affected())
+}
+
+/// The status of the claim's `issuances` row, if it has one.
+async fn status(tx: &mut PgConnection, claim_id: Uuid) -> Result<Option<String>, DbError> {
+    Ok(
+        sqlx::query_scalar("SELECT status FROM issuances WHERE claim_id = $1")
+            .bind(claim_id)
+            .fetch_optional(tx)
+            .await?,
+    )
+}
+
+/// Sets the leased row's fields; `false` when the lease is no longer this owner's.
+async fn update_owned(
+    tx: &mut PgConnection,
+    row: &PendingRow,
+    owner: Uuid,
+    status: &str,
+    attempts: i32,
+    reason: Option<&str>,
+) -> Result<bool, DbError> {
+    let n = sqlx::query(
+        "UPDATE persistence_pending
+            SET status = $3, attempts = $4, failure_reason = COALESCE($5, failure_reason),
+                lease_owner = CASE WHEN $3 = 'reprocessing' THEN lease_owner END,
+                lease_until = CASE WHEN $3 = 'reprocessing' THEN lease_until END,
+                updated_at = now()
+          WHERE claim_id = $1 AND lease_owner = $2 AND status = 'reprocessing'",
+    )
+    .bind(row.claim_id)
+    .bind(owner)
+    .bind(status)
+    .bind(attempts)
+    .bind(reason)
+    .execute(tx)
+    .await?
+    .rows_affected();
+    Ok(n == 1)
+}
+
+/// Writes the claim to `issuances` and resolves the parked row, in one transaction.
+///
+/// # Errors
+/// The database's error, e.g. its refusal of the row (nothing changed).
+pub async fn write(db: &PgPool, row: &PendingRow, owner: Uuid) -> Result<Written, DbError> {
+    let mut tx = db.begin().await?;
+    if insert(&mut tx, row, "issued").await? == 0
+        && status(&mut tx, row.claim_id).await?.as_deref() == Some("compensated")
+    {
+        return Ok(Written::Compensating);
+    }
+    if !update_owned(&mut tx, row, owner, "resolved", row.attempts + 1, None).await? {
+        return Ok(Written::LeaseLost);
+    }
+    tx.commit().await?;
+    Ok(Written::Live)
+}
+
+/// Records the last attempt and the decision to compensate: the claim's `issuances` row with
+/// status `compensated`, in one transaction. When a live row is there already, the claim is
+/// resolved instead.
+///
+/// # Errors
+/// The database error (nothing changed), except a refusal of the compensated row itself.
+pub async fn decide_compensation(
+    db: &PgPool,
+    row: &PendingRow,
+    owner: Uuid,
+    attempt: i32,
+    reason: &str,
+) -> Result<Decision, DbError> {
+    let mut tx = db.begin().await?;
+    if !update_owned(&mut tx, row, owner, "reprocessing", attempt, Some(reason)).await? {
+        return Ok(Decision::LeaseLost);
+    }
+    sqlx::query("SAVEPOINT tombstone").execute(&mut *tx).await?;
+    let decision = match insert(&mut tx, row, "compensated").await {
+        Ok(1) => Decision::Compensate,
+        Ok(_) => match status(&mut tx, row.claim_id).await?.as_deref() {
+            Some("compensated") | None => Decision::Compensate,
+            Some(_) => {
+                update_owned(&mut tx, row, owner, "resolved", attempt, None).await?;
+                Decision::AlreadyLive
+            }
+        },
+        Err(e) if e.refuses_row() => {
+            sqlx::query("ROLLBACK TO SAVEPOINT tombstone")
+                .execute(&mut *tx)
+                .await?;
+            Decision::CompensateUnrecorded(e.to_string())
+        }
+        Err(e) => return Err(e),
+    };
+    tx.commit().await?;
+    Ok(decision)
+}
+
+/// Marks the parked row compensated (the units are back in Redis), writing the compensated
+/// `issuances` row too when it is not there yet (a compensation given back before this code
+/// recorded decisions first). Returns the status of a live `issuances` row found instead:
+/// the claim is then both recorded and given back, which the caller reports.
+///
+/// # Errors
+/// The database error; the lease then runs out and the next owner finishes.
+pub async fn mark_compensated(
+    db: &PgPool,
+    row: &PendingRow,
+    owner: Uuid,
+    attempts: i32,
+    reason: Option<&str>,
+) -> Result<Option<String>, DbError> {
+    let mut tx = db.begin().await?;
+    if !update_owned(&mut tx, row, owner, "compensated", attempts, reason).await? {
+        return Ok(None);
+    }
+    sqlx::query("SAVEPOINT tombstone").execute(&mut *tx).await?;
+    let live = match insert(&mut tx, row, "compensated").await {
+        Ok(1) => None,
+        Ok(_) => status(&mut tx, row.claim_id)
+            .await?
+            .filter(|s| s != "compensated"),
+        // Refused even as compensated: the persistence_pending row stands in (see Decision).
+        Err(e) if e.refuses_row() => {
+            sqlx::query("ROLLBACK TO SAVEPOINT tombstone")
+                .execute(&mut *tx)
+                .await?;
+            None
+        }
+        Err(e) => return Err(e),
+    };
+    tx.commit().await?;
+    Ok(live)
+}
+
+/// Puts the leased row back to `pending` until `delay` from now, with `attempts` spent and
+/// the reason noted.
+///
+/// # Errors
+/// The database error; the lease then runs out and the row comes back by itself.
+pub async fn reschedule(
+    db: &PgPool,
+    row: &PendingRow,
+    owner: Uuid,
+    attempts: i32,
+    reason: &str,
+    delay: std::time::Duration,
+) -> Result<(), DbError> {
+    sqlx::query(
+        "UPDATE persistence_pending
+            SET status = 'pending', attempts = $3, failure_reason = $4, lease_owner = NULL,
+                lease_until = NULL, updated_at = now(),
+                next_attempt_at = now() + make_interval(secs => $5)
+          WHERE claim_id = $1 AND lease_owner = $2 AND status = 'reprocessing'",
+    )
+    .bind(row.claim_id)
+    .bind(owner)
+    .bind(attempts)
+    .bind(reason)
+    .bind(delay.as_secs_f64())
+    .execute(db)
+    .await?;
+    Ok(())
+}
