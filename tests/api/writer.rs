@@ -72,11 +72,25 @@ fn claim_id(body: &Value) -> Uuid {
 async fn a_winner_no_table_accepts_is_quarantined_and_the_writer_keeps_going() {
     let app = spawn_app().await;
     app.declare("poison", 50, 1).await;
-    // PostgreSQL text refuses a NUL byte, in issuances and persistence_pending alike; the
-    // admission token and Redis carry it without complaint.
-    let r = app.claim("poison", "bad\0user", 1, Some("k-1")).await;
-    assert_eq!(r.status(), 201);
-    let poison = claim_id(&r.json().await.unwrap());
+    // PostgreSQL text refuses a NUL byte, in issuances and persistence_pending alike. The edge
+    // now refuses such a user id (401), so the winner is decided by the script directly, as a
+    // gateway of an older version (or any other bad row) would have put it in the journal.
+    let store =
+        dropgate::store::Store::connect(REDIS_URL, &app.probe.prefix, Duration::from_secs(2))
+            .await
+            .unwrap();
+    let input = dropgate::scripts::ClaimInput {
+        claim_id: Uuid::now_v7(),
+        user: "bad\0user".into(),
+        quantity: 1,
+        idempotency_key: Some("k-1".into()),
+    };
+    let keys = store.keys("poison");
+    let d = dropgate::scripts::claim(&mut store.hot(), &keys, std::slice::from_ref(&input), 1, 0)
+        .await
+        .unwrap();
+    assert!(matches!(d[0], dropgate::scripts::Decision::Won { .. }));
+    let poison = input.claim_id;
     let first = release_buyers(&app.api, "poison", users("p", 20)).await;
     assert_eq!(won_ids(&first).len(), 20);
 
