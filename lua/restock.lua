@@ -5,35 +5,45 @@
 -- ARGV[1]  mode: "apply", or "resolve" (after an apply whose answer never came)
 -- ARGV[2]  delta (integer)
 -- ARGV[3]  marker TTL in seconds
+-- ARGV[4]  the operator epoch this call runs under (see migrations/0004_operator_fences.sql)
 --
 -- Returns {code, remaining, seq}:
 --   apply:   {1, remaining, seq} applied now; {2, remaining, seq} applied earlier (same op);
 --            {0, remaining, seq} refused, the stock would go below 0 (nothing changes);
 --            {-1, 0, 0} the SKU state is missing (Redis lost the SKU);
 --            {-3, 0, 0} the state is marked stale (fail closed until restore);
+--            {-4, 0, 0} a newer operator action touched the state: this caller lost its lock
+--                       (nothing changes);
 --            {3, 0, 0} fenced by resolve.
 --   resolve: {2, remaining, seq} the operation was applied; {3, 0, 0} it was not, and now
---            cannot be.
+--            cannot be; {-4, 0, 0} as above.
 -- `seq` is the state's sequence after the operation (the caller records it in PostgreSQL, so
 -- a Redis that comes back without this restock is known to be stale).
 --
 -- Invariant: remaining stock never goes below 0, and one operation moves it at most once: a
 -- retried or late apply finds the marker, and resolve answers an uncertain apply by reading
--- (fencing it when absent) rather than by sending the delta again.
+-- (fencing it when absent) rather than by sending the delta again. An operator whose lock is
+-- gone never moves a state a newer operator has touched.
 local state, marker = KEYS[1], KEYS[2]
+local epoch = tonumber(ARGV[4])
+local cur = redis.call('HMGET', state, 'stock', 'seq', 'stale', 'epoch')
+if cur[1] then
+  if tonumber(cur[4] or '0') > epoch then
+    return {-4, 0, 0}
+  end
+  redis.call('HSET', state, 'epoch', epoch)
+end
 local seen = redis.call('GET', marker)
 if seen == 'void' then
   return {3, 0, 0}
 end
 if seen then
-  local cur = redis.call('HMGET', state, 'stock', 'seq')
   return {2, tonumber(cur[1] or '0'), tonumber(seen)}
 end
 if ARGV[1] == 'resolve' then
   redis.call('SET', marker, 'void', 'EX', tonumber(ARGV[3]))
   return {3, 0, 0}
 end
-local cur = redis.call('HMGET', state, 'stock', 'seq', 'stale')
 if not cur[1] then
   return {-1, 0, 0}
 end

@@ -9,6 +9,7 @@
 -- ARGV[2]  per-user limit
 -- ARGV[3]  the state sequence to start from (above every sequence PostgreSQL recorded)
 -- ARGV[4]  the catalog row's declare id
+-- ARGV[5]  the restore's operator epoch, stamped on the state
 --
 -- Returns 1 when restored, 0 when a state is present (nothing changes).
 --
@@ -27,5 +28,5 @@ else
 end
 pcall(redis.call, 'XGROUP', 'CREATE', journal, 'writers', '0', 'MKSTREAM')
 redis.call('HSET', state, 'stock', ARGV[1], 'limit', ARGV[2], 'inflight', 0, 'seq', ARGV[3],
-  'declare', ARGV[4])
+  'declare', ARGV[4], 'epoch', ARGV[5])
 return 1

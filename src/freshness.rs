@@ -130,6 +130,10 @@ impl Refresher {
             if let Err(e) = self.round().await {
                 tracing::debug!(error = %e, "freshness round failed; retrying");
             }
+            // Restocks whose answer was lost, or whose gateway died, are finished here.
+            if let Err(e) = crate::inventory::settle_stuck_restocks(&self.store, &self.db).await {
+                tracing::debug!(error = %e, "settling pending restocks failed; retrying");
+            }
         }
         tracing::info!("freshness refresher stopped");
     }

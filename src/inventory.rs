@@ -62,8 +62,14 @@ const SETTLE_PAUSE: Duration = Duration::from_millis(100);
 /// across the Redis step, so declare, restock and restore of one SKU never interleave (on any
 /// gateway). The connection is closed, not pooled, when the guard drops: the lock can never
 /// outlive the action, even on an error path, and a gateway that dies releases it too.
+///
+/// A lock is no fence: a holder whose connection was cut has lost it without knowing. So each
+/// holder also takes the SKU's next operator epoch, which every Redis step of the action
+/// carries: a state a newer action has touched refuses an older one.
 pub struct SkuLock {
     _con: PoolConnection<Postgres>,
+    /// This action's operator epoch (0 when the SKU has no catalog row yet).
+    pub epoch: i64,
 }
 
 impl SkuLock {
@@ -76,7 +82,16 @@ impl SkuLock {
             .bind(sku)
             .execute(&mut *con)
             .await?;
-        Ok(SkuLock { _con: con })
+        let epoch: Option<i64> = sqlx::query_scalar(
+            "UPDATE skus SET op_epoch = op_epoch + 1 WHERE sku = $1 RETURNING op_epoch",
+        )
+        .bind(sku)
+        .fetch_optional(&mut *con)
+        .await?;
+        Ok(SkuLock {
+            _con: con,
+            epoch: epoch.unwrap_or(0),
+        })
     }
 }
 
@@ -188,16 +203,17 @@ async fn ledger_has_claims(db: &PgPool, sku: &str) -> Result<bool, DbError> {
 
 /// Adds `delta` to the total and to the remaining stock.
 ///
-/// The two stores move in the order that can only undersell if the gateway dies in between:
-/// a positive delta grows the catalog total first, then the stock; a negative one shrinks the
-/// stock first (where the "not below 0" check lives), then the total. The Redis step carries
-/// an operation id, so it moves the stock at most once; a lost answer is read back, and the
-/// total moves back (or on) only on a definite answer. While the answer stays unknown the
-/// request answers 503 and a background task finishes the job when Redis answers.
+/// The operation is written to `restock_ops` before its Redis step and finished after it, so
+/// one whose answer was lost, or whose gateway died, is settled later by reading Redis back
+/// (never by sending it again): by the next restock or restore of the SKU, or by the periodic
+/// sweep ([`settle_stuck_restocks`]). The stores move in the order that can only undersell in
+/// between: a positive delta grows the total first, then the stock; a negative one shrinks the
+/// stock first (where the "not below 0" check lives), then the total.
 ///
 /// # Errors
 /// [`Refusal::UnknownSku`], [`Refusal::InsufficientStock`], or infrastructure errors
-/// ([`StoreError::Timeout`] when the Redis step's outcome is not known yet).
+/// ([`StoreError::Timeout`] when the Redis step's outcome is not known yet: it is settled
+/// later, and the answer is 503 `outcome_unknown`).
 pub async fn restock(
     store: &Store,
     catalog: &Catalog,
@@ -205,7 +221,8 @@ pub async fn restock(
     delta: i64,
 ) -> Result<SkuView, InventoryError> {
     let db = catalog.db();
-    let _lock = SkuLock::acquire(db, sku).await?;
+    let lock = SkuLock::acquire(db, sku).await?;
+    settle_restocks(store, db, sku, lock.epoch, Duration::ZERO).await?;
     let total: Option<i64> = sqlx::query_scalar("SELECT total FROM skus WHERE sku = $1")
         .bind(sku)
         .fetch_optional(db)
@@ -215,67 +232,77 @@ pub async fn restock(
         return Err(InventoryError::Refused(Refusal::InsufficientStock));
     }
     let op = Uuid::now_v7();
-    if delta >= 0 {
-        add_total(db, sku, delta, 0).await?;
+    let mut tx = db.begin().await?;
+    sqlx::query("INSERT INTO restock_ops (op_id, sku, delta) VALUES ($1, $2, $3)")
+        .bind(op)
+        .bind(sku)
+        .bind(delta)
+        .execute(&mut *tx)
+        .await?;
+    if delta > 0 {
+        add_total(&mut tx, sku, delta, 0).await?;
     }
-    let outcome = apply_restock(store, sku, &op, delta).await;
-    let finished = finish_restock(db, sku, delta, &outcome).await;
+    tx.commit().await?;
+    let outcome = apply_restock(store, sku, &op, delta, lock.epoch).await;
+    if matches!(&outcome, Err(e) if e.is_uncertain()) {
+        tracing::warn!(sku, delta, %op, "restock outcome unknown; it is settled by reading back later");
+        return Err(StoreError::Timeout.into());
+    }
+    finish_restock(db, sku, &op, delta, &outcome).await?;
     match outcome {
-        Err(e) if e.is_uncertain() => {
-            tracing::warn!(
-                sku,
-                delta,
-                %op,
-                "restock outcome unknown; settling it in the background"
-            );
-            tokio::spawn(settle_restock(
-                store.clone(),
-                db.clone(),
-                sku.to_string(),
-                op,
-                delta,
-            ));
-            return Err(StoreError::Timeout.into());
-        }
-        Err(e) => return Err(e.into()),
+        Ok(Restocked::Applied { .. }) => {}
         Ok(Restocked::Refused) => return Err(InventoryError::Refused(Refusal::InsufficientStock)),
-        Ok(Restocked::NotApplied) => {
-            return Err(
-                StoreError::Unavailable("restock answer lost; it was not applied".into()).into(),
-            )
+        Ok(Restocked::NotApplied | Restocked::Superseded) => {
+            return Err(StoreError::Unavailable("restock not applied; retry".into()).into())
         }
-        Ok(Restocked::Applied { .. }) => finished?,
+        // A positive delta stays in the total: the restore that brings the state back seeds
+        // the stock from it.
+        Err(StoreError::SkuLost | StoreError::Stale) if delta > 0 => {}
+        Err(e) => return Err(e.into()),
     }
     catalog.load(sku).await?;
     view(store, catalog, sku).await
 }
 
-/// Moves PostgreSQL after a definite Redis answer: the state sequence the restock produced
-/// is recorded; a positive delta that was not applied is taken off the total again; a
-/// negative one that was applied comes off the total now.
+/// Moves PostgreSQL after a definite Redis answer, once per operation (the first finisher
+/// wins): the state sequence an applied restock produced is recorded; a positive delta that
+/// was not applied comes off the total again; a negative one that was applied comes off now.
 async fn finish_restock(
     db: &PgPool,
     sku: &str,
+    op: &Uuid,
     delta: i64,
     outcome: &Result<Restocked, StoreError>,
 ) -> Result<(), DbError> {
-    let result = match outcome {
-        Ok(Restocked::Applied { seq, .. }) => {
-            add_total(db, sku, if delta < 0 { delta } else { 0 }, *seq).await
-        }
-        Ok(Restocked::Refused | Restocked::NotApplied)
-        | Err(StoreError::SkuLost | StoreError::Stale)
-            if delta > 0 =>
-        {
-            add_total(db, sku, -delta, 0).await
-        }
-        _ => Ok(()),
+    let (applied, seq) = match outcome {
+        Ok(Restocked::Applied { seq, .. }) => (true, *seq),
+        // A missing or stale state is rebuilt from the total by restore: a positive delta
+        // already in the total counts as applied; a negative one never reached the stock.
+        Err(StoreError::SkuLost | StoreError::Stale) => (delta > 0, 0),
+        Ok(_) => (false, 0),
+        Err(_) => return Ok(()),
     };
-    if let Err(e) = &result {
-        // Only ever an undersell: the total is larger than the units the stores hold.
-        tracing::error!(sku, delta, error = %e, "restock half done (total larger than stock); run reconcile");
+    let mut tx = db.begin().await?;
+    let first = sqlx::query(
+        "UPDATE restock_ops SET status = $2, updated_at = now()
+          WHERE op_id = $1 AND status = 'pending'",
+    )
+    .bind(op)
+    .bind(if applied { "applied" } else { "not_applied" })
+    .execute(&mut *tx)
+    .await?
+    .rows_affected()
+        == 1;
+    if first {
+        let change = match (applied, delta > 0) {
+            (true, false) => delta,
+            (false, true) => -delta,
+            _ => 0,
+        };
+        add_total(&mut tx, sku, change, seq).await?;
     }
-    result
+    tx.commit().await?;
+    Ok(())
 }
 
 /// Applies a restock operation; when its answer is lost, reads it back (fencing it when it
@@ -285,20 +312,16 @@ async fn apply_restock(
     sku: &str,
     op: &Uuid,
     delta: i64,
+    epoch: i64,
 ) -> Result<Restocked, StoreError> {
     let keys = store.keys(sku);
     let mut con = store.hot();
+    let mode = RestockMode::Apply;
     match store
-        .bounded(scripts::restock(
-            &mut con,
-            &keys,
-            op,
-            delta,
-            RestockMode::Apply,
-        ))
+        .bounded(scripts::restock(&mut con, &keys, op, delta, mode, epoch))
         .await
     {
-        Err(e) if e.is_uncertain() => read_back_restock(store, sku, op, delta, SETTLE_LIMIT).await,
+        Err(e) if e.is_uncertain() => read_back_restock(store, sku, op, delta, epoch).await,
         other => other,
     }
 }
@@ -308,20 +331,15 @@ async fn read_back_restock(
     sku: &str,
     op: &Uuid,
     delta: i64,
-    limit: Duration,
+    epoch: i64,
 ) -> Result<Restocked, StoreError> {
     let keys = store.keys(sku);
-    let deadline = tokio::time::Instant::now() + limit;
+    let deadline = tokio::time::Instant::now() + SETTLE_LIMIT;
     loop {
         let mut con = store.hot();
+        let mode = RestockMode::Resolve;
         match store
-            .bounded(scripts::restock(
-                &mut con,
-                &keys,
-                op,
-                delta,
-                RestockMode::Resolve,
-            ))
+            .bounded(scripts::restock(&mut con, &keys, op, delta, mode, epoch))
             .await
         {
             Err(e) if e.is_uncertain() || matches!(e, StoreError::Unavailable(_)) => {
@@ -335,16 +353,72 @@ async fn read_back_restock(
     }
 }
 
-/// Finishes a restock whose outcome stayed unknown, once Redis answers.
-async fn settle_restock(store: Store, db: PgPool, sku: String, op: Uuid, delta: i64) {
-    let outcome = read_back_restock(&store, &sku, &op, delta, Duration::from_secs(24 * 3600)).await;
-    tracing::info!(sku, %op, ?outcome, "restock outcome settled");
-    let _lock = SkuLock::acquire(&db, &sku).await;
-    let _ = finish_restock(&db, &sku, delta, &outcome).await;
+/// Settles the SKU's restocks still pending (older than `min_age`) under the caller's lock:
+/// each is read back in Redis (fenced when it never ran) and finished in PostgreSQL.
+///
+/// # Errors
+/// [`StoreError::Timeout`] when one stays unknown (Redis does not answer): the caller must not
+/// read the total meanwhile.
+pub async fn settle_restocks(
+    store: &Store,
+    db: &PgPool,
+    sku: &str,
+    epoch: i64,
+    min_age: Duration,
+) -> Result<(), InventoryError> {
+    let pending: Vec<(Uuid, i64)> = sqlx::query_as(
+        "SELECT op_id, delta FROM restock_ops
+          WHERE sku = $1 AND status = 'pending'
+            AND created_at < now() - make_interval(secs => $2)
+          ORDER BY created_at",
+    )
+    .bind(sku)
+    .bind(min_age.as_secs_f64())
+    .fetch_all(db)
+    .await?;
+    for (op, delta) in pending {
+        let outcome = read_back_restock(store, sku, &op, delta, epoch).await;
+        if matches!(&outcome, Err(e) if e.is_uncertain()) {
+            return Err(StoreError::Timeout.into());
+        }
+        tracing::info!(sku, %op, delta, ?outcome, "a pending restock settled by reading back");
+        finish_restock(db, sku, &op, delta, &outcome).await?;
+    }
+    Ok(())
+}
+
+/// Restocks left pending (an answer lost, a gateway that died) longer than this are settled by
+/// the periodic sweep.
+const STUCK_AFTER: Duration = Duration::from_secs(5);
+
+/// Settles restocks left pending on any SKU, each under the SKU's lock; run periodically.
+///
+/// # Errors
+/// The database error listing them; a SKU that cannot be settled now is left for next time.
+pub async fn settle_stuck_restocks(store: &Store, db: &PgPool) -> Result<(), DbError> {
+    let skus: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT sku FROM restock_ops
+          WHERE status = 'pending' AND created_at < now() - make_interval(secs => $1)",
+    )
+    .bind(STUCK_AFTER.as_secs_f64())
+    .fetch_all(db)
+    .await?;
+    for sku in skus {
+        let lock = SkuLock::acquire(db, &sku).await?;
+        if let Err(e) = settle_restocks(store, db, &sku, lock.epoch, STUCK_AFTER).await {
+            tracing::warn!(sku, error = %e, "pending restocks still unknown; retrying later");
+        }
+    }
+    Ok(())
 }
 
 /// Adds `delta` to the total and raises the SKU's high-water mark to `seq`.
-async fn add_total(db: &PgPool, sku: &str, delta: i64, seq: i64) -> Result<(), DbError> {
+async fn add_total(
+    db: &mut sqlx::PgConnection,
+    sku: &str,
+    delta: i64,
+    seq: i64,
+) -> Result<(), DbError> {
     sqlx::query(
         "UPDATE skus SET total = total + $2, redis_seq = GREATEST(redis_seq, $3),
                 updated_at = now()

@@ -37,9 +37,10 @@ impl SkuKeys {
         format!("{}users", self.head)
     }
 
-    /// Per-user counts staged by a restore, moved over `users` in one step.
-    pub fn users_restore(&self) -> String {
-        format!("{}users:restore", self.head)
+    /// Per-user counts staged by one restore, moved over `users` in one step (one key per
+    /// restore, so two restores never stage into each other's counts).
+    pub fn users_restore(&self, restore_id: &uuid::Uuid) -> String {
+        format!("{}users:restore:{}", self.head, restore_id.simple())
     }
 
     /// Stream of winners not yet acknowledged by a writer.
@@ -88,7 +89,7 @@ mod tests {
         for key in [
             k.state(),
             k.users(),
-            k.users_restore(),
+            k.users_restore(&id),
             k.journal(),
             k.claim(&id),
             k.idempotency("u:1", "k{x}"),

@@ -19,7 +19,7 @@ use crate::inventory::{InventoryError, Refusal, SkuLock};
 use crate::keys::SkuKeys;
 use crate::ledger::{view, SkuView};
 use crate::record::ClaimRecord;
-use crate::scripts::SCRIPTS;
+use crate::scripts::{self, SCRIPTS};
 use crate::store::Store;
 
 /// Redis writes per pipeline: bounds the memory and the time of each round trip.
@@ -42,7 +42,9 @@ pub async fn restore(
     let db = catalog.db();
     // One operator action per SKU at a time, across gateways: no restock moves the total
     // while the stock is computed from it.
-    let _lock = SkuLock::acquire(db, sku).await?;
+    let lock = SkuLock::acquire(db, sku).await?;
+    // Restocks in flight move the total: settle them before it is read.
+    crate::inventory::settle_restocks(store, db, sku, lock.epoch, Duration::ZERO).await?;
     let row = catalog::fetch(db, sku)
         .await?
         .ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
@@ -63,16 +65,13 @@ pub async fn restore(
     if present && stale.is_none() && !force {
         return Err(InventoryError::Refused(Refusal::StatePresent));
     }
-    if present {
-        // Close the SKU first (claims fail closed), so the ledger stops moving under us.
-        store
-            .bounded(async {
-                Ok(redis::cmd("DEL")
-                    .arg(keys.state())
-                    .query_async::<()>(&mut con)
-                    .await?)
-            })
-            .await?;
+    // Close the SKU first (claims fail closed), so the ledger stops moving under us; a state a
+    // newer operator action touched means this restore's lock is gone.
+    if !store
+        .bounded(scripts::close_sku(&mut con, &keys, lock.epoch))
+        .await?
+    {
+        return Err(StoreError::Unavailable("a newer operator action holds the SKU".into()).into());
     }
     // Winners decided before the close must be in the ledger before it is read, or their units
     // would be counted nowhere (and sold again).
@@ -83,7 +82,8 @@ pub async fn restore(
         .await?;
     // Above every sequence either store has seen, so no gateway's mark is ahead of it.
     let new_seq = mark.max(seq.unwrap_or(0)) + 1;
-    let (units, users) = stage_live_claims(store, &mut con, &keys, db, sku).await?;
+    let staged = keys.users_restore(&uuid::Uuid::new_v4());
+    let (units, users) = stage_live_claims(store, &mut con, &keys, &staged, db, sku).await?;
     let mut stock = row.total - units;
     if stock < 0 {
         tracing::error!(
@@ -100,16 +100,27 @@ pub async fn restore(
                 .key(keys.state())
                 .key(keys.users())
                 .key(keys.journal())
-                .key(keys.users_restore())
+                .key(&staged)
                 .arg(stock)
                 .arg(row.per_user_limit)
                 .arg(new_seq)
                 .arg(row.declare_id.to_string())
+                .arg(lock.epoch)
                 .invoke_async(&mut con)
                 .await?)
         })
         .await?;
     if applied != 1 {
+        // Another restore (whose lock this one's replaced) rebuilt it first, from the same
+        // ledger: drop what this one staged.
+        let _ = store
+            .bounded(async {
+                Ok(redis::cmd("DEL")
+                    .arg(&staged)
+                    .query_async::<()>(&mut con)
+                    .await?)
+            })
+            .await;
         return Err(InventoryError::Refused(Refusal::StatePresent));
     }
     sqlx::query(
@@ -150,6 +161,7 @@ async fn stage_live_claims(
     store: &Store,
     con: &mut ConnectionManager,
     keys: &SkuKeys,
+    staged: &str,
     db: &sqlx::PgPool,
     sku: &str,
 ) -> Result<(i64, usize), InventoryError> {
@@ -199,10 +211,8 @@ async fn stage_live_claims(
         }
     }
     flush(store, con, &mut pipe).await?;
-    let staged = keys.users_restore();
-    pipe.del(&staged).ignore();
     for (i, (user, n)) in held.iter().enumerate() {
-        pipe.hset(&staged, user, *n).ignore();
+        pipe.hset(staged, user, *n).ignore();
         if (i + 1) % CHUNK == 0 {
             flush(store, con, &mut pipe).await?;
         }

@@ -25,6 +25,7 @@ pub struct Scripts {
     pub compensate: Script,
     pub restore_sku: Script,
     pub mark_stale: Script,
+    pub close_sku: Script,
 }
 
 pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -36,6 +37,7 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     compensate: Script::new(include_str!("../lua/compensate.lua")),
     restore_sku: Script::new(include_str!("../lua/restore_sku.lua")),
     mark_stale: Script::new(include_str!("../lua/mark_stale.lua")),
+    close_sku: Script::new(include_str!("../lua/close_sku.lua")),
 });
 
 /// Loads every script into Redis (SCRIPT LOAD), so the first claim does not pay for it.
@@ -53,6 +55,7 @@ pub async fn load_all<C: ConnectionLike>(con: &mut C) -> Result<(), StoreError> 
         &s.compensate,
         &s.restore_sku,
         &s.mark_stale,
+        &s.close_sku,
     ] {
         script.prepare_invoke().load_async(con).await?;
     }
@@ -278,6 +281,8 @@ pub enum Restocked {
     Refused,
     /// Not applied, and fenced so that it never will be.
     NotApplied,
+    /// Not applied: a newer operator action touched the state (this caller's lock is gone).
+    Superseded,
 }
 
 /// Runs restock.lua for `op_id` in `mode`: "apply" moves the stock once; "resolve" reads an
@@ -293,6 +298,7 @@ pub async fn restock<C: ConnectionLike>(
     op_id: &Uuid,
     delta: i64,
     mode: RestockMode,
+    epoch: i64,
 ) -> Result<Restocked, StoreError> {
     let mut inv = SCRIPTS.restock.prepare_invoke();
     inv.key(keys.state())
@@ -302,15 +308,36 @@ pub async fn restock<C: ConnectionLike>(
             RestockMode::Resolve => "resolve",
         })
         .arg(delta)
-        .arg(RECORD_TTL_SECS);
+        .arg(RECORD_TTL_SECS)
+        .arg(epoch);
     let (code, remaining, seq): (i64, i64, i64) = inv.invoke_async(con).await?;
     match code {
         1 | 2 => Ok(Restocked::Applied { remaining, seq }),
         0 => Ok(Restocked::Refused),
         3 => Ok(Restocked::NotApplied),
         -3 => Err(StoreError::Stale),
+        -4 => Ok(Restocked::Superseded),
         _ => Err(StoreError::SkuLost),
     }
+}
+
+/// Closes the SKU for a restore under operator `epoch` (see close_sku.lua). Returns `false`
+/// when a newer operator action touched the state: this restore's lock is gone.
+///
+/// # Errors
+/// The Redis error of the call.
+pub async fn close_sku<C: ConnectionLike>(
+    con: &mut C,
+    keys: &SkuKeys,
+    epoch: i64,
+) -> Result<bool, StoreError> {
+    let r: i64 = SCRIPTS
+        .close_sku
+        .key(keys.state())
+        .arg(epoch)
+        .invoke_async(con)
+        .await?;
+    Ok(r == 1)
 }
 
 /// Which half of restock.lua to run.

@@ -66,9 +66,14 @@ impl FaultProxy {
                     let (sr, sw) = server.into_split();
                     let up = pump(cr, sw, c.clone(), false);
                     let down = pump(sr, cw, c.clone(), true);
+                    // Only cuts made from now on concern this connection.
                     let mut cut_rx = cut_rx;
+                    cut_rx.borrow_and_update();
+                    // Either side closing (or a reply cut short) closes the whole connection,
+                    // as a peer that went away does.
                     tokio::select! {
-                        _ = async { tokio::join!(up, down) } => {}
+                        _ = up => {}
+                        _ = down => {}
                         _ = cut_rx.changed() => {}
                     }
                 });

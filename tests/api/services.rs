@@ -323,7 +323,15 @@ impl GatewayProcess {
         .map_err(|_| "the gateway did not log its address within 60 s".to_string())?
         .ok_or_else(|| "the gateway exited before listening".to_string())?;
         // Keep reading, so a full pipe never blocks the gateway's logging.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        // DROPGATE_TEST_ECHO=1 shows the gateway's log, for debugging a failed run.
+        let echo = std::env::var("DROPGATE_TEST_ECHO").is_ok_and(|v| v == "1");
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if echo {
+                    eprintln!("[{addr}] {line}");
+                }
+            }
+        });
         Ok(GatewayProcess {
             base: format!("http://{addr}"),
             child,

@@ -167,12 +167,20 @@ impl Driver {
         self.log
             .push(format!("restock {delta} fence_first {fence_first}"));
         if fence_first {
-            let r = scripts::restock(&mut self.con, &self.keys, &op, delta, RestockMode::Resolve)
-                .await
-                .map_err(|e| e.to_string())?;
+            let r = scripts::restock(
+                &mut self.con,
+                &self.keys,
+                &op,
+                delta,
+                RestockMode::Resolve,
+                0,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
             same("restock resolve", &r, &Restocked::NotApplied)?;
         }
-        let got = scripts::restock(&mut self.con, &self.keys, &op, delta, RestockMode::Apply).await;
+        let got =
+            scripts::restock(&mut self.con, &self.keys, &op, delta, RestockMode::Apply, 0).await;
         let got = match got {
             Ok(Restocked::Applied { remaining, .. }) => Ok(Some(remaining)),
             Ok(Restocked::Refused) => Ok(None),
@@ -343,7 +351,7 @@ impl Driver {
             .query_async(&mut self.con)
             .await
             .map_err(|e| e.to_string())?;
-        let staged = self.keys.users_restore();
+        let staged = self.keys.users_restore(&Uuid::new_v4());
         let mut pipe = redis::pipe();
         pipe.del(&staged).ignore();
         for (u, n) in self.world.live_users() {
@@ -366,6 +374,7 @@ impl Driver {
             .arg(self.world.limit)
             .arg(seq)
             .arg(Uuid::nil().to_string())
+            .arg(0)
             .invoke_async(&mut self.con)
             .await
             .map_err(|e| e.to_string())?;
