@@ -151,6 +151,8 @@ struct LiveClaim {
     remaining_after: Option<i64>,
     seq: Option<i64>,
     created_at: chrono::DateTime<chrono::Utc>,
+    /// A claim PostgreSQL refused, still with the reprocessor.
+    parked: bool,
 }
 
 /// Streams the claims that hold units (written and live, refused and not yet compensated, or
@@ -167,15 +169,15 @@ async fn stage_live_claims(
 ) -> Result<(i64, usize), InventoryError> {
     let mut rows = sqlx::query_as::<_, LiveClaim>(
         "SELECT claim_id, user_id, quantity::bigint AS quantity, idempotency_key,
-                remaining_after, seq, created_at
+                remaining_after, seq, created_at, false AS parked
            FROM issuances WHERE sku = $1 AND status IN ('issued', 'held', 'confirmed')
          UNION ALL
          SELECT claim_id, user_id, quantity::bigint, idempotency_key, remaining_after, seq,
-                created_at
+                created_at, true
            FROM persistence_pending WHERE sku = $1 AND status IN ('pending', 'reprocessing')
          UNION ALL
          SELECT COALESCE(q.claim_id, '00000000-0000-0000-0000-000000000000'), q.user_id,
-                COALESCE(q.quantity, 0)::bigint, NULL, NULL, NULL, q.created_at
+                COALESCE(q.quantity, 0)::bigint, NULL, NULL, NULL, q.created_at, false
            FROM quarantine q
           WHERE q.sku = $1 AND q.resolved_at IS NULL
             AND NOT EXISTS (SELECT 1 FROM issuances i WHERE i.claim_id = q.claim_id)
@@ -187,9 +189,57 @@ async fn stage_live_claims(
     let mut units = 0i64;
     let mut pipe = redis::pipe();
     let mut queued = 0usize;
+    let mut parked = Vec::new();
     while let Some(c) = rows.try_next().await.map_err(crate::error::DbError::from)? {
-        units += c.quantity;
-        let Some(user_id) = c.user_id else { continue };
+        if c.parked {
+            parked.push(c);
+            continue;
+        }
+        count(c, &mut units, &mut held, &mut pipe, &mut queued, keys);
+        if queued >= CHUNK {
+            flush(store, con, &mut pipe).await?;
+            queued = 0;
+        }
+    }
+    drop(rows);
+    // A parked claim whose units a reprocessor already gave back (to the state this restore
+    // closed) holds none, whatever its row says yet: its compensation marker tells.
+    for c in parked {
+        let marker: Option<String> = store
+            .bounded(async {
+                Ok(redis::cmd("GET")
+                    .arg(keys.compensation(&c.claim_id))
+                    .query_async(&mut *con)
+                    .await?)
+            })
+            .await?;
+        if marker.as_deref() != Some("compensated") {
+            count(c, &mut units, &mut held, &mut pipe, &mut queued, keys);
+        }
+    }
+    flush(store, con, &mut pipe).await?;
+    for (i, (user, n)) in held.iter().enumerate() {
+        pipe.hset(staged, user, *n).ignore();
+        if (i + 1) % CHUNK == 0 {
+            flush(store, con, &mut pipe).await?;
+        }
+    }
+    flush(store, con, &mut pipe).await?;
+    Ok((units, held.len()))
+}
+
+/// Counts one live claim's units (and its buyer's), and queues its idempotency record.
+fn count(
+    c: LiveClaim,
+    units: &mut i64,
+    held: &mut HashMap<String, i64>,
+    pipe: &mut redis::Pipeline,
+    queued: &mut usize,
+    keys: &SkuKeys,
+) {
+    {
+        *units += c.quantity;
+        let Some(user_id) = c.user_id else { return };
         *held.entry(user_id.clone()).or_default() += c.quantity;
         if let Some(k) = c.idempotency_key {
             let key = keys.idempotency(&user_id, &k);
@@ -203,22 +253,9 @@ async fn stage_live_claims(
                 idempotency_key: Some(k),
             };
             pipe.set_ex(key, record.render(), RECORD_TTL_SECS).ignore();
-            queued += 1;
-            if queued == CHUNK {
-                flush(store, con, &mut pipe).await?;
-                queued = 0;
-            }
+            *queued += 1;
         }
     }
-    flush(store, con, &mut pipe).await?;
-    for (i, (user, n)) in held.iter().enumerate() {
-        pipe.hset(staged, user, *n).ignore();
-        if (i + 1) % CHUNK == 0 {
-            flush(store, con, &mut pipe).await?;
-        }
-    }
-    flush(store, con, &mut pipe).await?;
-    Ok((units, held.len()))
 }
 
 async fn flush(
