@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# A long soak of the model-based tests: each round draws a fresh seed and runs the script-level
+# model (MODEL_STEPS, default 5,000,000) and the gateway under the nemesis (GATEWAY_MODEL_STEPS,
+# default 50,000). A failing round keeps its log and prints its seed; replay it with
+#   MODEL_SEED=<seed> cargo test --test api model::
+# Usage: tests/soak.sh [hours]   (default 4)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+hours="${1:-4}"
+deadline=$(( $(date +%s) + hours * 3600 ))
+logs="${SOAK_LOGS:-/var/tmp/dropgate-soak}"
+mkdir -p "$logs"
+export MODEL_STEPS="${MODEL_STEPS:-5000000}" GATEWAY_MODEL_STEPS="${GATEWAY_MODEL_STEPS:-50000}"
+cargo test --test api --no-run -q
+round=0; failed=0
+while [ "$(date +%s)" -lt "$deadline" ]; do
+  round=$((round + 1))
+  seed=$(od -An -N8 -tu8 /dev/urandom | tr -d ' ')
+  log="$logs/round-$round-$seed.log"
+  if MODEL_SEED="$seed" cargo test --test api -q model:: -- --nocapture >"$log" 2>&1; then
+    rm -f "$log"
+    echo "round $round seed $seed: ok"
+  else
+    failed=$((failed + 1))
+    echo "round $round seed $seed: FAILED (log: $log)"
+  fi
+done
+echo "soak: $round rounds, $failed failed"
+[ "$failed" -eq 0 ]
