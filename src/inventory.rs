@@ -76,22 +76,45 @@ impl SkuLock {
     /// # Errors
     /// The database error.
     pub async fn acquire(db: &PgPool, sku: &str) -> Result<SkuLock, DbError> {
+        Self::take(db, sku, true)
+            .await?
+            .ok_or_else(|| DbError::from(sqlx::Error::RowNotFound))
+    }
+
+    /// The lock if it is free now (`None` when another action holds it): for background work
+    /// that must not queue behind an operator.
+    ///
+    /// # Errors
+    /// The database error.
+    pub async fn try_acquire(db: &PgPool, sku: &str) -> Result<Option<SkuLock>, DbError> {
+        Self::take(db, sku, false).await
+    }
+
+    async fn take(db: &PgPool, sku: &str, wait: bool) -> Result<Option<SkuLock>, DbError> {
         let mut con = db.acquire().await?;
         con.close_on_drop();
-        sqlx::query("SELECT pg_advisory_lock(hashtext('dropgate.sku.' || $1))")
+        let sql = if wait {
+            "SELECT true FROM pg_advisory_lock(hashtext('dropgate.sku.' || $1))"
+        } else {
+            "SELECT pg_try_advisory_lock(hashtext('dropgate.sku.' || $1))"
+        };
+        let taken: bool = sqlx::query_scalar(sql)
             .bind(sku)
-            .execute(&mut *con)
+            .fetch_one(&mut *con)
             .await?;
+        if !taken {
+            return Ok(None);
+        }
         let epoch: Option<i64> = sqlx::query_scalar(
             "UPDATE skus SET op_epoch = op_epoch + 1 WHERE sku = $1 RETURNING op_epoch",
         )
         .bind(sku)
         .fetch_optional(&mut *con)
         .await?;
-        Ok(SkuLock {
+        Ok(Some(SkuLock {
             _con: con,
             epoch: epoch.unwrap_or(0),
-        })
+        }))
     }
 }
 
@@ -314,13 +337,7 @@ async fn apply_restock(
     delta: i64,
     epoch: i64,
 ) -> Result<Restocked, StoreError> {
-    let keys = store.keys(sku);
-    let mut con = store.hot();
-    let mode = RestockMode::Apply;
-    match store
-        .bounded(scripts::restock(&mut con, &keys, op, delta, mode, epoch))
-        .await
-    {
+    match restock_call(store, sku, op, delta, RestockMode::Apply, epoch).await {
         Err(e) if e.is_uncertain() => read_back_restock(store, sku, op, delta, epoch).await,
         other => other,
     }
@@ -333,15 +350,9 @@ async fn read_back_restock(
     delta: i64,
     epoch: i64,
 ) -> Result<Restocked, StoreError> {
-    let keys = store.keys(sku);
     let deadline = tokio::time::Instant::now() + SETTLE_LIMIT;
     loop {
-        let mut con = store.hot();
-        let mode = RestockMode::Resolve;
-        match store
-            .bounded(scripts::restock(&mut con, &keys, op, delta, mode, epoch))
-            .await
-        {
+        match restock_call(store, sku, op, delta, RestockMode::Resolve, epoch).await {
             Err(e) if e.is_uncertain() || matches!(e, StoreError::Unavailable(_)) => {
                 if tokio::time::Instant::now() > deadline {
                     return Err(StoreError::Timeout);
@@ -351,6 +362,21 @@ async fn read_back_restock(
             other => return other,
         }
     }
+}
+
+async fn restock_call(
+    store: &Store,
+    sku: &str,
+    op: &Uuid,
+    delta: i64,
+    mode: RestockMode,
+    epoch: i64,
+) -> Result<Restocked, StoreError> {
+    let keys = store.keys(sku);
+    let mut con = store.hot();
+    store
+        .bounded(scripts::restock(&mut con, &keys, op, delta, mode, epoch))
+        .await
 }
 
 /// Settles the SKU's restocks still pending (older than `min_age`) under the caller's lock:
@@ -404,7 +430,10 @@ pub async fn settle_stuck_restocks(store: &Store, db: &PgPool) -> Result<(), DbE
     .fetch_all(db)
     .await?;
     for sku in skus {
-        let lock = SkuLock::acquire(db, &sku).await?;
+        // An operator action on the SKU settles them itself; never queue behind it.
+        let Some(lock) = SkuLock::try_acquire(db, &sku).await? else {
+            continue;
+        };
         if let Err(e) = settle_restocks(store, db, &sku, lock.epoch, STUCK_AFTER).await {
             tracing::warn!(sku, error = %e, "pending restocks still unknown; retrying later");
         }

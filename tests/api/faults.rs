@@ -10,12 +10,7 @@ use crate::services::PrivateRedis;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_answers_503_fast_and_claims_resume_when_it_returns() {
     let mut redis = PrivateRedis::start().await;
-    let app = spawn_app_with(|c| {
-        c.redis_url = redis.url();
-        // The production default: a dead Redis must not hold a buyer for long.
-        c.redis_timeout_ms = "250".into();
-    })
-    .await;
+    let app = spawn_app_on(&redis.url()).await;
     app.declare("fc", 10, 1).await;
     assert_eq!(app.claim("fc", "before", 1, None).await.status(), 201);
 
@@ -141,11 +136,7 @@ async fn a_redis_restarted_empty_closes_the_sku_until_restore_then_sells_exactly
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_whose_call_timed_out_is_settled_by_reading_not_by_sending_it_again() {
     let redis = PrivateRedis::start().await;
-    let app = spawn_app_with(|c| {
-        c.redis_url = redis.url();
-        c.redis_timeout_ms = "250".into();
-    })
-    .await;
+    let app = spawn_app_on(&redis.url()).await;
     app.declare("slow", 5, 1).await;
     // Freeze every client of this Redis for 600 ms: the claim's call times out (250 ms) while
     // it is still queued, then runs when the pause ends.

@@ -121,6 +121,16 @@ pub async fn spawn_app_with(tweak: impl FnOnce(&mut RawConfig)) -> TestApp {
     spawn_with_config(raw).await
 }
 
+/// A gateway on a test's own Redis at `redis_url`, with the production call bound (250 ms), so
+/// a stall of that Redis outlasts the call and its read-backs.
+pub async fn spawn_app_on(redis_url: &str) -> TestApp {
+    spawn_app_with(|c| {
+        c.redis_url = redis_url.to_string();
+        c.redis_timeout_ms = "250".into();
+    })
+    .await
+}
+
 pub async fn spawn_with_config(raw: RawConfig) -> TestApp {
     // The gateway's log goes to the test's captured output, shown when a test fails.
     let _ = tracing_subscriber::fmt()

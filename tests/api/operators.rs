@@ -18,11 +18,7 @@ async fn balanced(app: &TestApp, sku: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restock_whose_answer_was_lost_is_read_back_and_never_leaves_more_stock_than_total() {
     let redis = PrivateRedis::start().await;
-    let app = spawn_app_with(|c| {
-        c.redis_url = redis.url();
-        c.redis_timeout_ms = "250".into();
-    })
-    .await;
+    let app = spawn_app_on(&redis.url()).await;
     app.declare("rs", 10, 1).await;
     // The apply and its first read-backs get no answer; Redis runs them when it resumes.
     redis.pause(1500).await;
@@ -38,11 +34,7 @@ async fn a_restock_whose_answer_was_lost_is_read_back_and_never_leaves_more_stoc
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restock_still_unknown_after_its_read_backs_answers_503_and_settles_in_the_background() {
     let redis = PrivateRedis::start().await;
-    let app = spawn_app_with(|c| {
-        c.redis_url = redis.url();
-        c.redis_timeout_ms = "250".into();
-    })
-    .await;
+    let app = spawn_app_on(&redis.url()).await;
     app.declare("late", 10, 1).await;
     redis.pause(6500).await;
     let r = app.restock("late", -4).await;
@@ -60,11 +52,7 @@ async fn a_restock_still_unknown_after_its_read_backs_answers_503_and_settles_in
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_declare_whose_answer_was_lost_never_reseeds_after_redis_loses_its_data() {
     let mut redis = PrivateRedis::start().await;
-    let app = spawn_app_with(|c| {
-        c.redis_url = redis.url();
-        c.redis_timeout_ms = "250".into();
-    })
-    .await;
+    let app = spawn_app_on(&redis.url()).await;
     redis.pause(1000).await;
     let r = app.declare("lostseed", 10, 1).await;
     assert_eq!(r.status(), 503, "{:?}", r.text().await);

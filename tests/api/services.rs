@@ -88,18 +88,7 @@ impl PrivateRedis {
 
     /// Freezes every client of this Redis for `ms` (CLIENT PAUSE ... ALL): calls queue, then run.
     pub async fn pause(&self, ms: u64) {
-        let mut admin = redis::Client::open(self.url())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
-        let _: () = redis::cmd("CLIENT")
-            .arg("PAUSE")
-            .arg(ms)
-            .arg("ALL")
-            .query_async(&mut admin)
-            .await
-            .unwrap();
+        pause_redis(&self.url(), ms).await;
     }
 
     /// SIGKILL: no shutdown, no save.
@@ -143,6 +132,22 @@ impl PrivateRedis {
         let _ = std::fs::remove_dir_all(&self.dir);
         std::fs::create_dir_all(&self.dir).unwrap();
     }
+}
+
+/// CLIENT PAUSE `ms` ALL on the Redis at `url`.
+pub async fn pause_redis(url: &str, ms: u64) {
+    let mut admin = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(ms)
+        .arg("ALL")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
 }
 
 impl Drop for PrivateRedis {

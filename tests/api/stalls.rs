@@ -14,12 +14,7 @@ use crate::services::PrivateRedis;
 async fn a_stall_past_the_read_backs_answers_outcome_unknown_and_every_503_unavailable_moved_nothing(
 ) {
     let redis = PrivateRedis::start().await;
-    let app = spawn_app_with(|c| {
-        c.redis_url = redis.url();
-        // The production default: the call and both read-backs give up after 750 ms.
-        c.redis_timeout_ms = "250".into();
-    })
-    .await;
+    let app = spawn_app_on(&redis.url()).await;
     app.declare("stall", 100, 1).await;
     let buyers = users("stalled", 60);
     redis.pause(1500).await;

@@ -23,7 +23,7 @@ use uuid::Uuid;
 
 use crate::helpers::*;
 use crate::proxy::{FaultProxy, Mode};
-use crate::services::{GatewayProcess, PrivateRedis};
+use crate::services::{pause_redis, GatewayProcess, PrivateRedis};
 
 const SKUS: &[(&str, i64, i64)] = &[("m0", 300, 1), ("m1", 500, 3), ("m2", 200, 2)];
 const USERS_PER_SKU: usize = 400;
@@ -166,20 +166,7 @@ async fn the_gateway_keeps_every_invariant_under_seeded_faults() {
                     }
                     2 => redis_proxy.cut_all(),
                     3 => redis_proxy.cut_replies_after(rng.random_range(1..200)),
-                    4 => {
-                        let mut c = redis::Client::open(redis_url_direct.clone())
-                            .unwrap()
-                            .get_multiplexed_async_connection()
-                            .await
-                            .unwrap();
-                        let _: () = redis::cmd("CLIENT")
-                            .arg("PAUSE")
-                            .arg(rng.random_range(200..600))
-                            .arg("ALL")
-                            .query_async(&mut c)
-                            .await
-                            .unwrap();
-                    }
+                    4 => pause_redis(&redis_url_direct, rng.random_range(200..600)).await,
                     5 => {
                         pg_proxy.set(Mode::Stall);
                         tokio::time::sleep(Duration::from_millis(rng.random_range(300..1200)))
