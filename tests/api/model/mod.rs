@@ -2,5 +2,6 @@
 //! the real scripts (`scripts`) and the real gateway under faults (`gateway`).
 
 mod gateway;
+mod nemesis;
 mod scripts;
 mod world;
