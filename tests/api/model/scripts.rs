@@ -393,10 +393,7 @@ impl Driver {
     /// The state matches the model, and the ledger balances: nothing oversold, no count over
     /// the limit.
     async fn check(&mut self) -> Result<(), String> {
-        let (head, users): (
-            (Option<i64>, Option<i64>, Option<i64>, Option<String>),
-            Vec<(String, i64)>,
-        ) = redis::pipe()
+        let (head, users): (StateHead, Vec<(String, i64)>) = redis::pipe()
             .cmd("HMGET")
             .arg(self.keys.state())
             .arg("stock")
@@ -432,6 +429,9 @@ impl Driver {
         Ok(())
     }
 }
+
+/// stock, seq, inflight, stale, as HMGET reads them.
+type StateHead = (Option<i64>, Option<i64>, Option<i64>, Option<String>);
 
 /// Replays carry the record's creation time, which the model does not track.
 fn normal(d: Decision) -> Decision {
