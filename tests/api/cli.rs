@@ -133,10 +133,16 @@ async fn with_json_logs_every_line_is_json_and_a_claims_decision_carries_its_cla
             .is_some_and(|m| m.starts_with("listening on "))
     })
     .await;
-    let addr = listening["fields"]["message"].as_str().unwrap()["listening on ".len()..].to_string();
+    let addr =
+        listening["fields"]["message"].as_str().unwrap()["listening on ".len()..].to_string();
     let api = Api::new(format!("http://{addr}"));
     assert_eq!(api.declare("logged", 1, 1).await.status(), 201);
-    let won: Value = api.claim("logged", "u-1", 1, None).await.json().await.unwrap();
+    let won: Value = api
+        .claim("logged", "u-1", 1, None)
+        .await
+        .json()
+        .await
+        .unwrap();
     let claim_id = won["claim_id"].as_str().unwrap().to_string();
 
     let decided = until(&|v| v["fields"]["claim_id"] == claim_id.as_str()).await;

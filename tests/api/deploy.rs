@@ -121,8 +121,15 @@ fn the_dashboard_has_the_shape_grafana_needs() {
         let title = p["title"].as_str().unwrap_or_default();
         assert!(!title.is_empty(), "panel {id} has a title");
         assert!(
-            ["timeseries", "stat", "table", "gauge", "bargauge", "state-timeline"]
-                .contains(&p["type"].as_str().unwrap_or_default()),
+            [
+                "timeseries",
+                "stat",
+                "table",
+                "gauge",
+                "bargauge",
+                "state-timeline"
+            ]
+            .contains(&p["type"].as_str().unwrap_or_default()),
             "panel {title}: a known panel type"
         );
         let g = &p["gridPos"];
@@ -145,7 +152,10 @@ fn the_dashboard_has_the_shape_grafana_needs() {
             p["datasource"]["type"], "prometheus",
             "panel {title}: datasource"
         );
-        assert!(p["datasource"]["uid"].is_string(), "panel {title}: datasource uid");
+        assert!(
+            p["datasource"]["uid"].is_string(),
+            "panel {title}: datasource uid"
+        );
         let targets = p["targets"].as_array().expect("targets");
         assert!(!targets.is_empty(), "panel {title} has a target");
         let mut refs = HashSet::new();
@@ -165,7 +175,10 @@ fn the_dashboard_has_the_shape_grafana_needs() {
 
     let vars = d["templating"]["list"].as_array().expect("templating.list");
     let var = |name: &str| vars.iter().find(|v| v["name"] == name);
-    assert_eq!(var("datasource").expect("a datasource variable")["type"], "datasource");
+    assert_eq!(
+        var("datasource").expect("a datasource variable")["type"],
+        "datasource"
+    );
     let sku = var("sku").expect("a sku variable");
     assert_eq!(sku["type"], "query");
     assert_eq!(
@@ -186,7 +199,10 @@ fn the_dashboard_has_the_shape_grafana_needs() {
         "Ledger balance",
         "Shed load",
     ] {
-        assert!(titles.contains(&wanted), "no panel {wanted:?} in {titles:?}");
+        assert!(
+            titles.contains(&wanted),
+            "no panel {wanted:?} in {titles:?}"
+        );
     }
 }
 
@@ -233,7 +249,10 @@ fn every_alert_has_a_summary_a_description_and_a_runbook_section() {
     // The unit tests exercise alerts that exist.
     for line in repo_file("deploy/prometheus/alerts_test.yml").lines() {
         if let Some(n) = line.trim().strip_prefix("alertname: ") {
-            assert!(names.contains(n.trim()), "alerts_test.yml tests unknown alert {n}");
+            assert!(
+                names.contains(n.trim()),
+                "alerts_test.yml tests unknown alert {n}"
+            );
         }
     }
 }
@@ -244,7 +263,10 @@ fn every_link_inside_the_runbook_reaches_a_section() {
     let anchors = runbook_anchors();
     for (i, _) in text.match_indices("](#") {
         let anchor: String = text[i + 3..].chars().take_while(|c| *c != ')').collect();
-        assert!(anchors.contains(&anchor), "docs/runbook.md links to missing #{anchor}");
+        assert!(
+            anchors.contains(&anchor),
+            "docs/runbook.md links to missing #{anchor}"
+        );
     }
 }
 

@@ -37,8 +37,14 @@ async fn a_sku_whose_redis_state_is_lost_is_exported_as_closed_until_it_is_resto
     assert_eq!(app.claim(&sku, "a", 1, None).await.status(), 201);
     app.drained(&sku).await;
     series_until(&app, &s("dropgate_sku_recorded_units"), |v| v == 1.0).await;
-    assert_eq!(series_until(&app, &s("dropgate_sku_remaining_units"), |_| true).await, 4.0);
-    assert_eq!(series_until(&app, &s("dropgate_sku_consistent"), |_| true).await, 1.0);
+    assert_eq!(
+        series_until(&app, &s("dropgate_sku_remaining_units"), |_| true).await,
+        4.0
+    );
+    assert_eq!(
+        series_until(&app, &s("dropgate_sku_consistent"), |_| true).await,
+        1.0
+    );
     assert_eq!(series_until(&app, &lost, |_| true).await, 0.0);
 
     // Redis loses the SKU's state.
@@ -60,5 +66,8 @@ async fn a_sku_whose_redis_state_is_lost_is_exported_as_closed_until_it_is_resto
     assert_eq!(app.restore(&sku, false).await.status(), 200);
     series_until(&app, &lost, |v| v == 0.0).await;
     series_until(&app, &s("dropgate_sku_consistent"), |v| v == 1.0).await;
-    assert_eq!(series_until(&app, &s("dropgate_sku_remaining_units"), |_| true).await, 4.0);
+    assert_eq!(
+        series_until(&app, &s("dropgate_sku_remaining_units"), |_| true).await,
+        4.0
+    );
 }
