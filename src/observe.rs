@@ -52,6 +52,8 @@ impl Closed {
 /// claim path when a claim meets it first, or by the observer's round, whichever comes first.
 #[derive(Default)]
 pub struct FailClosed {
+    /// The SKUs seen closed, and why: a transition is news only against this. Bounded by the
+    /// catalog (only declared SKUs reach Redis).
     skus: DashMap<String, Closed>,
 }
 
@@ -97,11 +99,15 @@ impl FailClosed {
 
 /// The periodic task behind the gauges of this module.
 pub struct Observer {
+    /// Its multiplexed connection carries the round's few small reads (as it carries the SKU
+    /// view's), taking none of the pool connections the journal readers need.
     store: Store,
     /// Catalog reads go through the request path's pool: one query at a time, never one of the
     /// writer's connections.
     catalog: Catalog,
+    /// Shared with the claim path, so a transition either side sees first is logged once.
     closed: Arc<FailClosed>,
+    /// Round interval (`DROPGATE_SKU_GAUGES_INTERVAL_MS`); also the bound of one round.
     every: Duration,
     /// The last SKU id of the previous round's page ("" = start from the first): a catalog
     /// larger than [`SKUS_PER_ROUND`] is walked a page per round.
