@@ -14,6 +14,7 @@ use crate::catalog::Catalog;
 use crate::claims::ClaimService;
 use crate::config::Config;
 use crate::freshness::{Marks, Refresher};
+use crate::observe::{FailClosed, Observer};
 use crate::reprocess::Reprocessor;
 use crate::store::Store;
 use crate::writer::{Writer, WriterSignal};
@@ -25,6 +26,8 @@ pub struct AppState {
     pub verifier: Verifier,
     pub claims: ClaimService,
     pub metrics: PrometheusHandle,
+    /// SKUs seen failing closed, so the claim path and the observer log each transition once.
+    pub closed: Arc<FailClosed>,
     /// Set on shutdown, so /readyz turns 503 before the listener closes.
     draining: AtomicBool,
 }
@@ -42,6 +45,7 @@ pub struct Application {
     writer: Writer,
     reprocessor: Reprocessor,
     refresher: Refresher,
+    observer: Observer,
     config: Config,
 }
 
@@ -76,6 +80,7 @@ impl Application {
             .with_context(|| format!("binding {}", config.listen))?;
         let wake = Arc::new(WriterSignal::default());
         let marks = Arc::new(Marks::default());
+        let closed = Arc::new(FailClosed::default());
         let state = Arc::new(AppState {
             catalog: Catalog::new(requests_db),
             verifier: Verifier::new(&config.admission_secret, config.admin_token.clone()),
@@ -87,6 +92,7 @@ impl Application {
                 marks.clone(),
             ),
             metrics: crate::metrics::handle(),
+            closed: closed.clone(),
             store: store.clone(),
             draining: AtomicBool::new(false),
         });
@@ -103,6 +109,12 @@ impl Application {
             db: db.clone(),
             marks,
         };
+        let observer = Observer::new(
+            store.clone(),
+            state.catalog.clone(),
+            closed,
+            config.sku_gauges_interval,
+        );
         let reprocessor = Reprocessor::new(
             store,
             db,
@@ -115,6 +127,7 @@ impl Application {
             writer,
             reprocessor,
             refresher,
+            observer,
             config,
         })
     }
@@ -143,6 +156,7 @@ impl Application {
         let reprocessor = tokio::spawn(self.reprocessor.run(background.clone()));
         let refresher = tokio::spawn(self.refresher.run(background.clone()));
         let settler = tokio::spawn(self.state.claims.settler().run(background.clone()));
+        let observer = tokio::spawn(self.observer.run(background.clone()));
         let state = self.state.clone();
         let draining = {
             let shutdown = shutdown.clone();
@@ -169,6 +183,7 @@ impl Application {
             let _ = reprocessor.await;
             let _ = refresher.await;
             let _ = settler.await;
+            let _ = observer.await;
         })
         .await;
         if flushed.is_err() {

@@ -44,6 +44,14 @@ pub const DEFAULT_MAX_QUEUE: &str = "4096";
 /// closed, so a connection flood costs a file descriptor and one write, not a task each.
 pub const ENV_MAX_CONNECTIONS: &str = "DROPGATE_MAX_CONNECTIONS";
 pub const DEFAULT_MAX_CONNECTIONS: &str = "10000";
+/// How often the per-SKU gauges (`dropgate_sku_*`) and the backends' `_up` gauges are
+/// refreshed; each round reads at most [`crate::observe::SKUS_PER_ROUND`] SKU views.
+pub const ENV_SKU_GAUGES_INTERVAL_MS: &str = "DROPGATE_SKU_GAUGES_INTERVAL_MS";
+pub const DEFAULT_SKU_GAUGES_INTERVAL_MS: &str = "5000";
+/// "1" writes log lines as JSON (one object per line) for a log shipper. Read by `main.rs`
+/// before a subcommand parses its configuration: logging is set up first, for every
+/// subcommand.
+pub const ENV_LOG_JSON: &str = "DROPGATE_LOG_JSON";
 
 /// Backoff never grows past this, whatever the attempt count.
 pub const REPROCESS_BACKOFF_CAP: Duration = Duration::from_secs(60);
@@ -119,6 +127,8 @@ pub struct RawConfig {
     pub max_queue: String,
     #[arg(long, env = ENV_MAX_CONNECTIONS, default_value = DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: String,
+    #[arg(long, env = ENV_SKU_GAUGES_INTERVAL_MS, default_value = DEFAULT_SKU_GAUGES_INTERVAL_MS)]
+    pub sku_gauges_interval_ms: String,
 }
 
 impl Default for RawConfig {
@@ -138,6 +148,7 @@ impl Default for RawConfig {
             coalesce: DEFAULT_COALESCE.into(),
             max_queue: DEFAULT_MAX_QUEUE.into(),
             max_connections: DEFAULT_MAX_CONNECTIONS.into(),
+            sku_gauges_interval_ms: DEFAULT_SKU_GAUGES_INTERVAL_MS.into(),
         }
     }
 }
@@ -159,6 +170,7 @@ pub struct Config {
     pub coalesce: bool,
     pub max_queue: usize,
     pub max_connections: usize,
+    pub sku_gauges_interval: Duration,
 }
 
 /// Every problem found in one pass over the configuration.
@@ -256,6 +268,12 @@ impl RawConfig {
         let coalesce = num(ENV_COALESCE, &self.coalesce, 0, 1) == 1;
         let max_queue = num(ENV_MAX_QUEUE, &self.max_queue, 1, 1_000_000);
         let max_connections = num(ENV_MAX_CONNECTIONS, &self.max_connections, 1, 1_000_000);
+        let sku_gauges = num(
+            ENV_SKU_GAUGES_INTERVAL_MS,
+            &self.sku_gauges_interval_ms,
+            100,
+            3_600_000,
+        );
         match (errors.is_empty(), listen, secret) {
             (true, Some(listen), Some(admission_secret)) => Ok(Config {
                 listen,
@@ -272,6 +290,7 @@ impl RawConfig {
                 coalesce,
                 max_queue: max_queue as usize,
                 max_connections: max_connections as usize,
+                sku_gauges_interval: Duration::from_millis(sku_gauges),
             }),
             _ => Err(ConfigErrors(errors)),
         }

@@ -27,6 +27,9 @@
 //! - [`inventory`]: declare, restock (each under the SKU's operator lock); [`restore`]: the
 //!   SKU's Redis state rebuilt from the ledger, in chunks; [`ledger`]: the SKU view
 //!   (accounting), claim lookup, the reconcile table.
+//! - [`observe`]: what an operator watches that no request produces: the per-SKU gauges
+//!   (`dropgate_sku_*`) and the backends' `_up` gauges, refreshed by a periodic task at a
+//!   bounded cost per round, and each SKU's fail-closed transitions logged once.
 //! - [`config`], [`db`] (the ledger's pool and the request path's, kept apart), [`metrics`],
 //!   [`app`] (build, bind, run), [`cli`] (subcommands).
 //!
@@ -58,6 +61,7 @@ pub mod inventory;
 pub mod keys;
 pub mod ledger;
 pub mod metrics;
+pub mod observe;
 pub mod record;
 pub mod reprocess;
 pub mod restore;

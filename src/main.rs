@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use dropgate::cli::{Cli, Command};
-use dropgate::config::{Secret, EXIT_CONFIG};
+use dropgate::config::{Secret, ENV_LOG_JSON, EXIT_CONFIG};
 use tracing_subscriber::EnvFilter;
 
 /// mimalloc instead of glibc malloc: the hot path allocates small buffers per request, and
@@ -14,7 +14,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let json = std::env::var("DROPGATE_LOG_JSON").is_ok_and(|v| v == "1");
+    let json = std::env::var(ENV_LOG_JSON).is_ok_and(|v| v == "1");
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let subscriber = tracing_subscriber::fmt().with_env_filter(filter);
     if json {

@@ -1,24 +1,78 @@
-//! Prometheus metrics: registered once per process, low-cardinality labels only (never a user
-//! or a SKU), histograms with explicit buckets.
+//! Prometheus metrics: registered once per process, histograms with explicit buckets, and
+//! names that follow Prometheus's conventions (the unit in the name, in base units: seconds,
+//! rows, claims, units of stock; `_total` on counters only).
+//!
+//! Labels are low-cardinality: never a user id. A `sku` label appears only on the per-SKU
+//! gauges (`dropgate_sku_*`), whose set is bounded by the catalog an operator declares.
+//!
+//! Every family is described and registered at zero when the recorder is installed, so a
+//! scrape shows every name before the first event: `rate()` and `increase()` then see a
+//! counter's first increment, and a dashboard or alert can be checked against a fresh
+//! gateway (see `tests/api/deploy.rs`).
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use metrics::{counter, gauge, histogram};
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::claims::Outcome;
+use crate::ledger::SkuView;
 
 /// Latency buckets in seconds: the hot path lives between 100 µs and a few ms.
 const LATENCY_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 ];
+/// Batch sizes: claims per coalesced call, rows per writer batch.
 const SIZE_BUCKETS: &[f64] = &[
     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
 ];
 const LAG_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 5.0, 30.0,
 ];
+
+pub const CLAIMS: &str = "dropgate_claims_total";
+pub const CLAIM_LATENCY: &str = "dropgate_claim_latency_seconds";
+pub const REDIS_CALL: &str = "dropgate_redis_call_seconds";
+pub const COALESCED_BATCH: &str = "dropgate_coalesced_batch_claims";
+pub const UNCERTAIN_OUTCOMES: &str = "dropgate_uncertain_outcomes_total";
+pub const JOURNAL_LAG: &str = "dropgate_journal_lag_seconds";
+pub const WRITER_BATCH_ROWS: &str = "dropgate_writer_batch_rows";
+pub const WRITER_BATCH_SECONDS: &str = "dropgate_writer_batch_seconds";
+pub const WRITER_REFUSED: &str = "dropgate_writer_refused_rows_total";
+pub const PENDING_ROWS: &str = "dropgate_persistence_pending_rows";
+pub const COMPENSATIONS: &str = "dropgate_compensations_total";
+pub const COMPENSATED_UNITS: &str = "dropgate_compensated_units_total";
+pub const OUTCOME_UNKNOWN: &str = "dropgate_claim_outcome_unknown_total";
+pub const OUTCOME_SETTLED: &str = "dropgate_claim_outcome_settled_total";
+pub const STALE_STATES: &str = "dropgate_stale_states_total";
+pub const CONNECTIONS_REFUSED: &str = "dropgate_connections_refused_total";
+pub const QUARANTINED: &str = "dropgate_quarantined_total";
+pub const REDIS_UP: &str = "dropgate_redis_up";
+pub const POSTGRES_UP: &str = "dropgate_postgres_up";
+pub const SKU_TOTAL: &str = "dropgate_sku_total_units";
+pub const SKU_REMAINING: &str = "dropgate_sku_remaining_units";
+pub const SKU_RECORDED: &str = "dropgate_sku_recorded_units";
+pub const SKU_IN_FLIGHT: &str = "dropgate_sku_in_flight_units";
+pub const SKU_PENDING: &str = "dropgate_sku_pending_units";
+pub const SKU_COMPENSATED: &str = "dropgate_sku_compensated_units";
+pub const SKU_QUARANTINED: &str = "dropgate_sku_quarantined_units";
+pub const SKU_CONSISTENT: &str = "dropgate_sku_consistent";
+pub const SKU_CLOSED: &str = "dropgate_sku_closed";
+
+/// Every `outcome` label of [`CLAIMS`]: the decisions, then the failures a claim is answered.
+const CLAIM_OUTCOMES: &[&str] = &[
+    "won",
+    "replayed",
+    "sold_out",
+    "limit_reached",
+    "key_reused",
+    "overloaded",
+    "unavailable",
+    "outcome_unknown",
+];
+/// The `reason` label of [`SKU_CLOSED`]: Redis lost the SKU's state, or holds an older one.
+pub const CLOSED_REASONS: &[&str] = &["lost", "stale"];
 
 /// Installs the process-wide recorder the first time; later calls (several apps in one test
 /// process) share it.
@@ -29,96 +83,261 @@ pub fn handle() -> PrometheusHandle {
             let recorder = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
                 .and_then(|b| {
-                    b.set_buckets_for_metric(Matcher::Suffix("_size".into()), SIZE_BUCKETS)
+                    b.set_buckets_for_metric(Matcher::Full(COALESCED_BATCH.into()), SIZE_BUCKETS)
                 })
                 .and_then(|b| {
-                    b.set_buckets_for_metric(
-                        Matcher::Full("dropgate_journal_lag_seconds".into()),
-                        LAG_BUCKETS,
-                    )
+                    b.set_buckets_for_metric(Matcher::Full(WRITER_BATCH_ROWS.into()), SIZE_BUCKETS)
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(Matcher::Full(JOURNAL_LAG.into()), LAG_BUCKETS)
                 })
                 .expect("bucket lists are non-empty constants")
                 .build_recorder();
             let handle = recorder.handle();
             // Another recorder may already be installed (a benchmark); then ours only renders.
-            let _ = metrics::set_global_recorder(recorder);
+            if metrics::set_global_recorder(recorder).is_ok() {
+                register();
+            }
             handle
         })
         .clone()
 }
 
+/// Describes every process-wide family and registers it at zero (see the module docs). The
+/// per-SKU gauges appear with the first round of [`crate::observe`].
+fn register() {
+    describe_counter!(
+        CLAIMS,
+        "Claims answered, by outcome (decisions, and 429/503 answers)"
+    );
+    for outcome in CLAIM_OUTCOMES {
+        counter!(CLAIMS, "outcome" => *outcome).increment(0);
+    }
+    describe_histogram!(
+        CLAIM_LATENCY,
+        "Time from a claim's arrival at the decision to Redis's answer, in seconds"
+    );
+    let _registered = histogram!(CLAIM_LATENCY);
+    describe_histogram!(REDIS_CALL, "Duration of one Redis script call, in seconds");
+    let _registered = histogram!(REDIS_CALL, "script" => "claim");
+    describe_histogram!(
+        COALESCED_BATCH,
+        "Claims decided by one coalesced claim.lua call"
+    );
+    let _registered = histogram!(COALESCED_BATCH);
+    describe_counter!(
+        UNCERTAIN_OUTCOMES,
+        "Claim calls that got no answer and were read back"
+    );
+    counter!(UNCERTAIN_OUTCOMES).increment(0);
+    describe_histogram!(
+        JOURNAL_LAG,
+        "Time from Redis deciding a winner to its row committed in PostgreSQL, in seconds"
+    );
+    let _registered = histogram!(JOURNAL_LAG);
+    describe_histogram!(WRITER_BATCH_ROWS, "Winners written by one writer batch");
+    let _registered = histogram!(WRITER_BATCH_ROWS);
+    describe_histogram!(
+        WRITER_BATCH_SECONDS,
+        "Duration of one writer batch insert, in seconds"
+    );
+    let _registered = histogram!(WRITER_BATCH_SECONDS);
+    describe_counter!(
+        WRITER_REFUSED,
+        "Winners PostgreSQL refused, parked in persistence_pending"
+    );
+    counter!(WRITER_REFUSED).increment(0);
+    describe_gauge!(
+        PENDING_ROWS,
+        "Rows of persistence_pending not yet resolved (pending or reprocessing)"
+    );
+    gauge!(PENDING_ROWS).set(0.0);
+    describe_counter!(
+        COMPENSATIONS,
+        "Claims compensated: their units given back after the last attempt"
+    );
+    counter!(COMPENSATIONS).increment(0);
+    describe_counter!(COMPENSATED_UNITS, "Units given back by compensations");
+    counter!(COMPENSATED_UNITS).increment(0);
+    describe_counter!(
+        OUTCOME_UNKNOWN,
+        "Claims answered 503 outcome_unknown and handed to the settler"
+    );
+    counter!(OUTCOME_UNKNOWN).increment(0);
+    describe_counter!(
+        OUTCOME_SETTLED,
+        "Unknown outcomes settled, by result (won, fenced)"
+    );
+    for result in ["won", "fenced"] {
+        counter!(OUTCOME_SETTLED, "result" => result).increment(0);
+    }
+    describe_counter!(
+        STALE_STATES,
+        "SKU states found behind the ledger and closed until restore"
+    );
+    counter!(STALE_STATES).increment(0);
+    describe_counter!(
+        CONNECTIONS_REFUSED,
+        "Connections refused past DROPGATE_MAX_CONNECTIONS"
+    );
+    counter!(CONNECTIONS_REFUSED).increment(0);
+    describe_counter!(
+        QUARANTINED,
+        "Journal entries no table would take, stored in quarantine"
+    );
+    counter!(QUARANTINED).increment(0);
+    describe_gauge!(REDIS_UP, "1 when Redis answered this gateway's last ping");
+    describe_gauge!(
+        POSTGRES_UP,
+        "1 when PostgreSQL answered this gateway's last ping"
+    );
+    describe_gauge!(SKU_TOTAL, "Units declared for the SKU (catalog total)");
+    describe_gauge!(
+        SKU_REMAINING,
+        "Redis stock of the SKU; NaN when Redis cannot tell"
+    );
+    describe_gauge!(SKU_RECORDED, "Units of live claims written to issuances");
+    describe_gauge!(
+        SKU_IN_FLIGHT,
+        "Units decided by Redis not yet written; NaN when Redis cannot tell"
+    );
+    describe_gauge!(SKU_PENDING, "Units in persistence_pending not yet resolved");
+    describe_gauge!(
+        SKU_COMPENSATED,
+        "Units given back to stock after a claim could not be recorded"
+    );
+    describe_gauge!(SKU_QUARANTINED, "Units of open quarantine rows");
+    describe_gauge!(
+        SKU_CONSISTENT,
+        "1 when total = remaining + recorded + in_flight + pending + quarantined, 0 when not, NaN when Redis cannot tell"
+    );
+    describe_gauge!(
+        SKU_CLOSED,
+        "1 while the SKU fails closed, by reason (lost: Redis has no state; stale: older than the ledger)"
+    );
+}
+
 pub fn claim_decided(outcome: &Outcome, took: Duration) {
-    let label = match outcome {
+    counter!(CLAIMS, "outcome" => outcome_label(outcome)).increment(1);
+    histogram!(CLAIM_LATENCY).record(took.as_secs_f64());
+}
+
+/// The `outcome` label of a decision (also the `outcome` field of its log line).
+pub fn outcome_label(outcome: &Outcome) -> &'static str {
+    match outcome {
         Outcome::Won(_) => "won",
         Outcome::Replayed(_) => "replayed",
         Outcome::SoldOut => "sold_out",
         Outcome::LimitReached => "limit_reached",
         Outcome::KeyReused => "key_reused",
         Outcome::Shed => "overloaded",
-    };
-    counter!("dropgate_claims_total", "outcome" => label).increment(1);
-    histogram!("dropgate_claim_latency_seconds").record(took.as_secs_f64());
+    }
 }
 
 pub fn claim_failed(code: &'static str) {
-    counter!("dropgate_claims_total", "outcome" => code).increment(1);
+    counter!(CLAIMS, "outcome" => code).increment(1);
 }
 
 pub fn redis_call(script: &'static str, took: Duration) {
-    histogram!("dropgate_redis_call_seconds", "script" => script).record(took.as_secs_f64());
+    histogram!(REDIS_CALL, "script" => script).record(took.as_secs_f64());
 }
 
 pub fn coalesced_batch(size: usize) {
-    histogram!("dropgate_coalesced_batch_size").record(size as f64);
+    histogram!(COALESCED_BATCH).record(size as f64);
 }
 
 pub fn uncertain_outcome() {
-    counter!("dropgate_uncertain_outcomes_total").increment(1);
+    counter!(UNCERTAIN_OUTCOMES).increment(1);
 }
 
 pub fn journal_lag(lag: Duration) {
-    histogram!("dropgate_journal_lag_seconds").record(lag.as_secs_f64());
+    histogram!(JOURNAL_LAG).record(lag.as_secs_f64());
 }
 
 pub fn writer_batch(rows: usize, took: Duration) {
-    histogram!("dropgate_writer_batch_size").record(rows as f64);
-    histogram!("dropgate_writer_batch_seconds").record(took.as_secs_f64());
+    histogram!(WRITER_BATCH_ROWS).record(rows as f64);
+    histogram!(WRITER_BATCH_SECONDS).record(took.as_secs_f64());
 }
 
 pub fn writer_refused(rows: usize) {
-    counter!("dropgate_writer_refused_rows_total").increment(rows as u64);
+    counter!(WRITER_REFUSED).increment(rows as u64);
 }
 
 pub fn pending_rows(n: i64) {
-    gauge!("dropgate_persistence_pending_rows").set(n as f64);
+    gauge!(PENDING_ROWS).set(n as f64);
 }
 
 pub fn compensated(units: i64) {
-    counter!("dropgate_compensations_total").increment(1);
-    counter!("dropgate_compensated_units_total").increment(units as u64);
+    counter!(COMPENSATIONS).increment(1);
+    counter!(COMPENSATED_UNITS).increment(units as u64);
 }
 
 /// A claim answered 503 `outcome_unknown`: handed to the settler.
 pub fn outcome_unknown() {
-    counter!("dropgate_claim_outcome_unknown_total").increment(1);
+    counter!(OUTCOME_UNKNOWN).increment(1);
 }
 
 /// How an unknown outcome settled.
 pub fn outcome_settled(won: bool) {
     let result = if won { "won" } else { "fenced" };
-    counter!("dropgate_claim_outcome_settled_total", "result" => result).increment(1);
+    counter!(OUTCOME_SETTLED, "result" => result).increment(1);
 }
 
 /// A SKU's Redis state found behind the ledger and closed.
 pub fn stale_state() {
-    counter!("dropgate_stale_states_total").increment(1);
+    counter!(STALE_STATES).increment(1);
 }
 
 pub fn connection_refused() {
-    counter!("dropgate_connections_refused_total").increment(1);
+    counter!(CONNECTIONS_REFUSED).increment(1);
 }
 
 /// A journal entry no table would take, stored in `quarantine`.
 pub fn quarantined() {
-    counter!("dropgate_quarantined_total").increment(1);
+    counter!(QUARANTINED).increment(1);
+}
+
+/// Whether Redis and PostgreSQL answered this gateway (its periodic ping, or `/readyz`).
+pub fn backends_up(redis: Option<bool>, postgres: Option<bool>) {
+    if let Some(up) = redis {
+        gauge!(REDIS_UP).set(f64::from(u8::from(up)));
+    }
+    if let Some(up) = postgres {
+        gauge!(POSTGRES_UP).set(f64::from(u8::from(up)));
+    }
+}
+
+/// Publishes a SKU view. A value Redis could not give (`None`) is published as NaN, never
+/// left at its last value: a stale number on a dashboard reads as the truth.
+pub fn sku_view(v: &SkuView) {
+    let sku = v.sku.clone();
+    let known = |x: Option<i64>| x.map_or(f64::NAN, |n| n as f64);
+    gauge!(SKU_TOTAL, "sku" => sku.clone()).set(v.total as f64);
+    gauge!(SKU_REMAINING, "sku" => sku.clone()).set(known(v.remaining));
+    gauge!(SKU_RECORDED, "sku" => sku.clone()).set(v.recorded as f64);
+    gauge!(SKU_IN_FLIGHT, "sku" => sku.clone()).set(known(v.in_flight));
+    gauge!(SKU_PENDING, "sku" => sku.clone()).set(v.pending as f64);
+    gauge!(SKU_COMPENSATED, "sku" => sku.clone()).set(v.compensated as f64);
+    gauge!(SKU_QUARANTINED, "sku" => sku.clone()).set(v.quarantined as f64);
+    let consistent = match (v.remaining, v.in_flight) {
+        (Some(_), Some(_)) => f64::from(u8::from(v.consistent)),
+        _ => f64::NAN,
+    };
+    gauge!(SKU_CONSISTENT, "sku" => sku).set(consistent);
+}
+
+/// The SKU's Redis side is unknown (Redis unreachable): what depends on it turns NaN.
+pub fn sku_redis_unknown(sku: &str) {
+    for name in [SKU_REMAINING, SKU_IN_FLIGHT, SKU_CONSISTENT] {
+        gauge!(name, "sku" => sku.to_string()).set(f64::NAN);
+    }
+}
+
+/// Sets `dropgate_sku_closed{sku, reason}`: 1 for the reason the SKU fails closed, 0 for the
+/// others (both 0 while it is open), so each series exists and an alert sees it change.
+pub fn sku_closed(sku: &str, reason: Option<&str>) {
+    for r in CLOSED_REASONS {
+        let v = f64::from(u8::from(reason == Some(*r)));
+        gauge!(SKU_CLOSED, "sku" => sku.to_string(), "reason" => *r).set(v);
+    }
 }

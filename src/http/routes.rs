@@ -16,6 +16,8 @@ use super::problem::{ApiError, Body};
 use crate::app::AppState;
 use crate::catalog::valid_sku_id;
 use crate::claims::{Outcome, WonClaim};
+use crate::error::StoreError;
+use crate::observe::Closed;
 use crate::settle::Settled;
 use crate::{ledger, metrics as m};
 
@@ -79,14 +81,22 @@ async fn claim(state: &AppState, sku: &str, req: Request<Incoming>) -> Result<Re
     check_sku(sku)?;
     let idempotency_key = idempotency_key(&req)?;
     let quantity = claim_quantity(&read_body(req).await?)?;
-    let entry = state.catalog.get(sku).await?.ok_or(ApiError::UnknownSku)?;
+    let entry = state
+        .catalog
+        .get(sku)
+        .await
+        .map_err(ApiError::from)
+        // A catalog that sheds (429) or cannot answer (503) answers the claim: counted with
+        // the decisions, so shed load shows in `dropgate_claims_total{outcome="overloaded"}`.
+        .inspect_err(|e| m::claim_failed(e.code()))?
+        .ok_or(ApiError::UnknownSku)?;
     if quantity < 1 || quantity > i64::from(entry.per_user_limit) {
         return Err(ApiError::BadRequest(format!(
             "quantity must be between 1 and {} (the per-user limit)",
             entry.per_user_limit
         )));
     }
-    let outcome = state
+    let decided = state
         .claims
         .claim(
             sku,
@@ -96,8 +106,9 @@ async fn claim(state: &AppState, sku: &str, req: Request<Incoming>) -> Result<Re
             idempotency_key,
         )
         .await
-        .map_err(ApiError::from)
-        .inspect_err(|e| m::claim_failed(e.code()))?;
+        .map_err(ApiError::from);
+    log_decision(state, sku, quantity, &decided);
+    let outcome = decided.inspect_err(|e| m::claim_failed(e.code()))?;
     let (won, replayed) = match outcome {
         Outcome::Won(w) => (w, false),
         Outcome::Replayed(w) => (w, true),
@@ -107,6 +118,34 @@ async fn claim(state: &AppState, sku: &str, req: Request<Incoming>) -> Result<Re
         Outcome::Shed => return Err(ApiError::Overloaded),
     };
     Ok(won_response(sku, &user, &won, replayed))
+}
+
+/// One DEBUG line per decided claim, fields first, so an operator can follow a claim id from
+/// the buyer's answer to the writer's and reprocessor's lines. Only claims that carry an id to
+/// the buyer (won, replayed, outcome unknown) log it: a lost claim's id is never shown to
+/// anyone. A claim that meets a SKU failing closed tells [`crate::observe::FailClosed`],
+/// which logs the transition the first time.
+fn log_decision(state: &AppState, sku: &str, quantity: i64, decided: &Result<Outcome>) {
+    let (claim_id, outcome) = match decided {
+        Ok(o @ (Outcome::Won(w) | Outcome::Replayed(w))) => (Some(w.claim_id), m::outcome_label(o)),
+        Ok(o) => (None, m::outcome_label(o)),
+        Err(ApiError::Unavailable(StoreError::OutcomeUnknown(id))) => {
+            (Some(*id), "outcome_unknown")
+        }
+        Err(e) => (None, e.code()),
+    };
+    tracing::debug!(
+        claim_id = claim_id.map(tracing::field::display),
+        sku,
+        outcome,
+        quantity,
+        "claim decided"
+    );
+    match decided {
+        Err(ApiError::Unavailable(StoreError::SkuLost)) => state.closed.close(sku, Closed::Lost),
+        Err(ApiError::Unavailable(StoreError::Stale)) => state.closed.close(sku, Closed::Stale),
+        _ => {}
+    }
 }
 
 /// The `Idempotency-Key`, judged on its raw bytes: a key that is not visible ASCII must be
@@ -241,6 +280,8 @@ async fn readyz(state: &AppState) -> Response<Body> {
                 .await
                 .map(|_| ())
         });
+    // A scrape between two observer rounds sees what the last probe found.
+    m::backends_up(Some(ping.is_ok()), Some(pg.is_ok()));
     let draining = state.is_draining();
     let redis = match (ping, policy) {
         (Err(_), _) => "unreachable",

@@ -76,3 +76,79 @@ async fn reconcile_balances_after_a_drop_and_flags_a_ledger_row_changed_by_hand(
     assert_eq!(out.status.code(), Some(1), "{table}");
     assert!(table.contains("MISMATCH"), "{table}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_json_logs_every_line_is_json_and_a_claims_decision_carries_its_claim_id() {
+    use dropgate::config::{
+        ENV_ADMIN_TOKEN, ENV_ADMISSION_SECRET, ENV_DATABASE_URL, ENV_KEY_PREFIX, ENV_LISTEN,
+        ENV_LOG_JSON,
+    };
+    use serde_json::Value;
+    use tokio::io::{AsyncBufReadExt, BufReader};
+
+    let iso = Isolation::new();
+    let mut serve = tokio::process::Command::from(dropgate());
+    serve
+        .arg("serve")
+        .env(ENV_LOG_JSON, "1")
+        .env("RUST_LOG", "info,dropgate=debug")
+        .env(ENV_LISTEN, "127.0.0.1:0")
+        .env(ENV_DATABASE_URL, &iso.database_url)
+        .env(ENV_KEY_PREFIX, &iso.prefix)
+        .env(ENV_ADMISSION_SECRET, SECRET)
+        .env(ENV_ADMIN_TOKEN, ADMIN)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = serve.spawn().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // Reads log lines until one matches; each line on the way must be a JSON object.
+    let mut until = async |pred: &dyn Fn(&Value) -> bool| -> Value {
+        let read = async {
+            loop {
+                let line = lines
+                    .next_line()
+                    .await
+                    .unwrap()
+                    .expect("the gateway kept running");
+                let v: Value = serde_json::from_str(&line)
+                    .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
+                assert!(
+                    v["timestamp"].is_string() && v["level"].is_string(),
+                    "{line}"
+                );
+                assert!(v["fields"]["message"].is_string(), "{line}");
+                if pred(&v) {
+                    return v;
+                }
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(30), read)
+            .await
+            .expect("the expected log line came within 30 s")
+    };
+
+    let listening = until(&|v| {
+        v["fields"]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("listening on "))
+    })
+    .await;
+    let addr =
+        listening["fields"]["message"].as_str().unwrap()["listening on ".len()..].to_string();
+    let api = Api::new(format!("http://{addr}"));
+    assert_eq!(api.declare("logged", 1, 1).await.status(), 201);
+    let won: Value = api
+        .claim("logged", "u-1", 1, None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let claim_id = won["claim_id"].as_str().unwrap().to_string();
+
+    let decided = until(&|v| v["fields"]["claim_id"] == claim_id.as_str()).await;
+    assert_eq!(decided["level"], "DEBUG");
+    assert_eq!(decided["fields"]["message"], "claim decided");
+    assert_eq!(decided["fields"]["sku"], "logged");
+    assert_eq!(decided["fields"]["outcome"], "won");
+    child.kill().await.unwrap();
+}

@@ -1,0 +1,212 @@
+//! What an operator watches that no request produces: the per-SKU gauges (`dropgate_sku_*`:
+//! stock, in-flight, pending, compensated and quarantined units, whether the ledger balances,
+//! whether the SKU fails closed and why), and whether Redis and PostgreSQL answer
+//! (`dropgate_redis_up`, `dropgate_postgres_up`). A periodic task refreshes them, and logs each
+//! SKU's fail-closed transitions (closed because Redis lost or holds a stale state; open again
+//! after a restore).
+//!
+//! Cost per round (every `DROPGATE_SKU_GAUGES_INTERVAL_MS`, 5 s by default), bounded whatever
+//! the catalog's size: one PING, one `SELECT 1`, one page of the catalog, and for each of at
+//! most [`SKUS_PER_ROUND`] SKUs one HMGET and one SKU view ([`crate::ledger::view`]: an HMGET
+//! and one ledger query, taken again up to four times while claims straddle the snapshot). A
+//! larger catalog is walked a page per round, so each SKU is refreshed every
+//! `ceil(skus / SKUS_PER_ROUND)` rounds. A round never outlives its interval. Every gateway
+//! runs its own observer: dashboards aggregate the gauges with `max by (sku)`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dashmap::mapref::entry::Entry;
+use dashmap::DashMap;
+use tokio_util::sync::CancellationToken;
+
+use crate::catalog::Catalog;
+use crate::error::StoreError;
+use crate::ledger;
+use crate::metrics as m;
+use crate::store::Store;
+
+/// SKU views read per round at most (see the module docs for what one costs).
+pub const SKUS_PER_ROUND: i64 = 32;
+
+/// Why a SKU fails closed (its claims answer 503 `unavailable` until a restore).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Closed {
+    /// Redis holds no state for the SKU (it restarted empty, or the key was deleted).
+    Lost,
+    /// Redis holds a state older than the ledger (an older snapshot, a lagging replica).
+    Stale,
+}
+
+impl Closed {
+    /// The `reason` label of `dropgate_sku_closed`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Closed::Lost => "lost",
+            Closed::Stale => "stale",
+        }
+    }
+}
+
+/// The SKUs this gateway has seen fail closed, so each transition is logged once: by the
+/// claim path when a claim meets it first, or by the observer's round, whichever comes first.
+#[derive(Default)]
+pub struct FailClosed {
+    /// The SKUs seen closed, and why: a transition is news only against this. Bounded by the
+    /// catalog (only declared SKUs reach Redis).
+    skus: DashMap<String, Closed>,
+}
+
+impl FailClosed {
+    /// Records that `sku` fails closed for `why`; logs at ERROR when that is news.
+    pub fn close(&self, sku: &str, why: Closed) {
+        m::sku_closed(sku, Some(why.label()));
+        let news = match self.skus.entry(sku.to_string()) {
+            Entry::Occupied(mut e) => e.insert(why) != why,
+            Entry::Vacant(e) => {
+                e.insert(why);
+                true
+            }
+        };
+        if news {
+            match why {
+                Closed::Lost => tracing::error!(
+                    sku,
+                    reason = why.label(),
+                    "redis holds no state for the SKU: its claims fail closed (503) until POST /admin/skus/{{sku}}/restore"
+                ),
+                Closed::Stale => tracing::error!(
+                    sku,
+                    reason = why.label(),
+                    "redis holds an older state of the SKU than the ledger: its claims fail closed (503) until POST /admin/skus/{{sku}}/restore"
+                ),
+            }
+        }
+    }
+
+    /// Records that `sku` is open; logs at INFO when it was closed.
+    pub fn open(&self, sku: &str) {
+        m::sku_closed(sku, None);
+        if let Some((_, was)) = self.skus.remove(sku) {
+            tracing::info!(
+                sku,
+                was = was.label(),
+                "the SKU's redis state is back: its claims are decided again"
+            );
+        }
+    }
+}
+
+/// The periodic task behind the gauges of this module.
+pub struct Observer {
+    /// Its multiplexed connection carries the round's few small reads (as it carries the SKU
+    /// view's), taking none of the pool connections the journal readers need.
+    store: Store,
+    /// Catalog reads go through the request path's pool: one query at a time, never one of the
+    /// writer's connections.
+    catalog: Catalog,
+    /// Shared with the claim path, so a transition either side sees first is logged once.
+    closed: Arc<FailClosed>,
+    /// Round interval (`DROPGATE_SKU_GAUGES_INTERVAL_MS`); also the bound of one round.
+    every: Duration,
+    /// The last SKU id of the previous round's page ("" = start from the first): a catalog
+    /// larger than [`SKUS_PER_ROUND`] is walked a page per round.
+    after: String,
+}
+
+impl Observer {
+    pub fn new(store: Store, catalog: Catalog, closed: Arc<FailClosed>, every: Duration) -> Self {
+        Observer {
+            store,
+            catalog,
+            closed,
+            every,
+            after: String::new(),
+        }
+    }
+
+    /// Refreshes the gauges every `every` until `shutdown`. The first round runs at once, so
+    /// a gateway that just started shows its backends and SKUs within a round trip.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        loop {
+            let every = self.every;
+            tokio::select! {
+                done = tokio::time::timeout(every, self.round()) => {
+                    if done.is_err() {
+                        tracing::warn!(?every, "observer round took longer than its interval; cut short");
+                    }
+                }
+                _ = shutdown.cancelled() => break,
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = shutdown.cancelled() => break,
+            }
+        }
+        tracing::info!("observer stopped");
+    }
+
+    async fn round(&mut self) {
+        let db = self.catalog.db().clone();
+        let (redis, pg) = tokio::join!(self.store.ping(), sqlx::query("SELECT 1").execute(&db));
+        m::backends_up(Some(redis.is_ok()), Some(pg.is_ok()));
+        if pg.is_err() {
+            // The catalog cannot be read: nothing per SKU to refresh.
+            return;
+        }
+        let page: Vec<(String, bool)> = match sqlx::query_as(
+            "SELECT sku, seeded FROM skus WHERE sku > $1 ORDER BY sku LIMIT $2",
+        )
+        .bind(&self.after)
+        .bind(SKUS_PER_ROUND)
+        .fetch_all(&db)
+        .await
+        {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!(error = %e, "observer could not read the catalog; retrying next round");
+                return;
+            }
+        };
+        self.after = match page.last() {
+            Some((last, _)) if page.len() as i64 == SKUS_PER_ROUND => last.clone(),
+            _ => String::new(),
+        };
+        for (sku, seeded) in page {
+            if redis.is_err() {
+                m::sku_redis_unknown(&sku);
+                continue;
+            }
+            self.observe(&sku, seeded).await;
+        }
+    }
+
+    async fn observe(&self, sku: &str, seeded: bool) {
+        let keys = self.store.keys(sku);
+        let mut con = self.store.hot();
+        let head: Result<(Option<i64>, Option<String>), StoreError> = self
+            .store
+            .bounded(async {
+                Ok(redis::cmd("HMGET")
+                    .arg(keys.state())
+                    .arg("stock")
+                    .arg("stale")
+                    .query_async(&mut con)
+                    .await?)
+            })
+            .await;
+        match head {
+            // Never seeded: a declare whose Redis step has not happened yet, not a loss.
+            Ok((None, _)) if !seeded => {}
+            Ok((None, _)) => self.closed.close(sku, Closed::Lost),
+            Ok((Some(_), Some(_))) => self.closed.close(sku, Closed::Stale),
+            Ok((Some(_), None)) => self.closed.open(sku),
+            // No answer: no news either way; the view below turns the Redis side NaN.
+            Err(_) => {}
+        }
+        match ledger::view(&self.store, &self.catalog, sku).await {
+            Ok(v) => m::sku_view(&v),
+            Err(e) => tracing::debug!(sku, error = %e, "observer could not read the SKU view"),
+        }
+    }
+}
