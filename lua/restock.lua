@@ -6,12 +6,15 @@
 -- ARGV[2]  delta (integer)
 -- ARGV[3]  marker TTL in seconds
 -- ARGV[4]  the operator epoch this call runs under (see migrations/0004_operator_fences.sql)
+-- ARGV[5]  floor: the ledger's high-water mark of the state sequence (apply only): a state
+--          behind it came back with older data and is marked stale instead of moved
 --
 -- Returns {code, remaining, seq}:
 --   apply:   {1, remaining, seq} applied now; {2, remaining, seq} applied earlier (same op);
 --            {0, remaining, seq} refused, the stock would go below 0 (nothing changes);
 --            {-1, 0, 0} the SKU state is missing (Redis lost the SKU);
---            {-3, 0, 0} the state is marked stale (fail closed until restore);
+--            {-3, 0, 0} the state is marked stale, or is behind the floor and is marked stale
+--                       now (fail closed until restore);
 --            {-4, 0, 0} a newer operator action touched the state: this caller lost its lock
 --                       (nothing changes);
 --            {3, 0, 0} fenced by resolve.
@@ -23,7 +26,8 @@
 -- Invariant: remaining stock never goes below 0, and one operation moves it at most once: a
 -- retried or late apply finds the marker, and resolve answers an uncertain apply by reading
 -- (fencing it when absent) rather than by sending the delta again. An operator whose lock is
--- gone never moves a state a newer operator has touched.
+-- gone never moves a state a newer operator has touched, and no restock moves a state that
+-- is behind the ledger.
 local state, marker = KEYS[1], KEYS[2]
 local epoch = tonumber(ARGV[4])
 local cur = redis.call('HMGET', state, 'stock', 'seq', 'stale', 'epoch')
@@ -51,6 +55,12 @@ if cur[3] then
   return {-3, 0, 0}
 end
 local stock, seq = tonumber(cur[1]), tonumber(cur[2] or '0')
+if seq < tonumber(ARGV[5] or '0') then
+  -- A negative delta checked against a stock that forgot sales would shrink the total below
+  -- what is sold.
+  redis.call('HSET', state, 'stale', 'behind:' .. seq .. '<' .. ARGV[5])
+  return {-3, 0, 0}
+end
 local after = stock + tonumber(ARGV[2])
 if after < 0 then
   return {0, stock, seq}

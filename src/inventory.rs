@@ -246,11 +246,12 @@ pub async fn restock(
     let db = catalog.db();
     let lock = SkuLock::acquire(db, sku).await?;
     settle_restocks(store, db, sku, lock.epoch, Duration::ZERO).await?;
-    let total: Option<i64> = sqlx::query_scalar("SELECT total FROM skus WHERE sku = $1")
-        .bind(sku)
-        .fetch_optional(db)
-        .await?;
-    let total = total.ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
+    let row: Option<(i64, i64)> =
+        sqlx::query_as("SELECT total, redis_seq FROM skus WHERE sku = $1")
+            .bind(sku)
+            .fetch_optional(db)
+            .await?;
+    let (total, floor) = row.ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
     if total + delta < 0 {
         return Err(InventoryError::Refused(Refusal::InsufficientStock));
     }
@@ -266,7 +267,7 @@ pub async fn restock(
         add_total(&mut tx, sku, delta, 0).await?;
     }
     tx.commit().await?;
-    let outcome = apply_restock(store, sku, &op, delta, lock.epoch).await;
+    let outcome = apply_restock(store, sku, &op, delta, lock.epoch, floor).await;
     if matches!(&outcome, Err(e) if e.is_uncertain()) {
         tracing::warn!(sku, delta, %op, "restock outcome unknown; it is settled by reading back later");
         return Err(StoreError::Timeout.into());
@@ -336,8 +337,9 @@ async fn apply_restock(
     op: &Uuid,
     delta: i64,
     epoch: i64,
+    floor: i64,
 ) -> Result<Restocked, StoreError> {
-    match restock_call(store, sku, op, delta, RestockMode::Apply, epoch).await {
+    match restock_call(store, sku, op, delta, RestockMode::Apply, epoch, floor).await {
         Err(e) if e.is_uncertain() => read_back_restock(store, sku, op, delta, epoch).await,
         other => other,
     }
@@ -352,7 +354,7 @@ async fn read_back_restock(
 ) -> Result<Restocked, StoreError> {
     let deadline = tokio::time::Instant::now() + SETTLE_LIMIT;
     loop {
-        match restock_call(store, sku, op, delta, RestockMode::Resolve, epoch).await {
+        match restock_call(store, sku, op, delta, RestockMode::Resolve, epoch, 0).await {
             Err(e) if e.is_uncertain() || matches!(e, StoreError::Unavailable(_)) => {
                 if tokio::time::Instant::now() > deadline {
                     return Err(StoreError::Timeout);
@@ -371,11 +373,14 @@ async fn restock_call(
     delta: i64,
     mode: RestockMode,
     epoch: i64,
+    floor: i64,
 ) -> Result<Restocked, StoreError> {
     let keys = store.keys(sku);
     let mut con = store.hot();
     store
-        .bounded(scripts::restock(&mut con, &keys, op, delta, mode, epoch))
+        .bounded(scripts::restock(
+            &mut con, &keys, op, delta, mode, epoch, floor,
+        ))
         .await
 }
 

@@ -287,6 +287,8 @@ pub enum Restocked {
 
 /// Runs restock.lua for `op_id` in `mode`: "apply" moves the stock once; "resolve" reads an
 /// earlier apply's outcome back, fencing it when it has not happened (so it never will).
+/// `epoch` is the caller's operator epoch; `floor` the ledger's high-water mark (a state
+/// behind it is marked stale, not moved).
 ///
 /// # Errors
 /// [`StoreError::SkuLost`] when Redis holds no state for the SKU, [`StoreError::Stale`] when
@@ -299,6 +301,7 @@ pub async fn restock<C: ConnectionLike>(
     delta: i64,
     mode: RestockMode,
     epoch: i64,
+    floor: i64,
 ) -> Result<Restocked, StoreError> {
     let mut inv = SCRIPTS.restock.prepare_invoke();
     inv.key(keys.state())
@@ -309,7 +312,8 @@ pub async fn restock<C: ConnectionLike>(
         })
         .arg(delta)
         .arg(RECORD_TTL_SECS)
-        .arg(epoch);
+        .arg(epoch)
+        .arg(floor);
     let (code, remaining, seq): (i64, i64, i64) = inv.invoke_async(con).await?;
     match code {
         1 | 2 => Ok(Restocked::Applied { remaining, seq }),

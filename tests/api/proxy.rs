@@ -1,7 +1,7 @@
 //! A fault-injecting TCP proxy for tests, between the gateway and Redis or PostgreSQL, with the
 //! vocabulary of toxiproxy's toxics that dropgate's faults need: latency, a stall (bytes held,
-//! then released), a black hole (held, never released; connections then cut), cutting every
-//! connection, and cutting replies after N bytes (a reply cut in the middle).
+//! then released), a black hole (bytes thrown away), cutting every connection, and cutting
+//! replies after N bytes (a reply cut in the middle).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -19,6 +19,9 @@ pub enum Mode {
     Latency(Duration),
     /// Nothing is forwarded until the mode changes; then the held bytes flow.
     Stall,
+    /// Bytes are read and thrown away, either way: a request that never arrives, a reply that
+    /// never comes (the connection stays open).
+    BlackHole,
 }
 
 struct Control {
@@ -137,7 +140,11 @@ async fn pump(
                         return;
                     }
                 }
+                Mode::BlackHole => break,
             }
+        }
+        if *mode.borrow() == Mode::BlackHole {
+            continue;
         }
         let mut take = n;
         if reply {

@@ -13,7 +13,7 @@ async fn a_restock_operation_sent_twice_moves_the_stock_once() {
     let (mut con, keys) = seeded_sku(10, 1).await;
     let op = Uuid::now_v7();
     assert_eq!(
-        scripts::restock(&mut con, &keys, &op, 5, APPLY, 1)
+        scripts::restock(&mut con, &keys, &op, 5, APPLY, 1, 0)
             .await
             .unwrap(),
         Restocked::Applied {
@@ -22,7 +22,7 @@ async fn a_restock_operation_sent_twice_moves_the_stock_once() {
         }
     );
     assert_eq!(
-        scripts::restock(&mut con, &keys, &op, 5, APPLY, 1)
+        scripts::restock(&mut con, &keys, &op, 5, APPLY, 1, 0)
             .await
             .unwrap(),
         Restocked::Applied {
@@ -32,13 +32,13 @@ async fn a_restock_operation_sent_twice_moves_the_stock_once() {
     );
     let other = Uuid::now_v7();
     assert_eq!(
-        scripts::restock(&mut con, &keys, &other, -16, APPLY, 1)
+        scripts::restock(&mut con, &keys, &other, -16, APPLY, 1, 0)
             .await
             .unwrap(),
         Restocked::Refused
     );
     assert_eq!(
-        scripts::restock(&mut con, &keys, &other, -15, APPLY, 1)
+        scripts::restock(&mut con, &keys, &other, -15, APPLY, 1, 0)
             .await
             .unwrap(),
         Restocked::Applied {
@@ -53,22 +53,22 @@ async fn a_restock_read_back_before_it_ran_is_fenced_and_never_applies() {
     let (mut con, keys) = seeded_sku(10, 1).await;
     let op = Uuid::now_v7();
     // The apply's answer was lost and the read-back came first: not applied, and fenced...
-    let read = scripts::restock(&mut con, &keys, &op, 7, RestockMode::Resolve, 1)
+    let read = scripts::restock(&mut con, &keys, &op, 7, RestockMode::Resolve, 1, 0)
         .await
         .unwrap();
     assert_eq!(read, Restocked::NotApplied);
     // ...so the apply, arriving late, moves nothing.
-    let late = scripts::restock(&mut con, &keys, &op, 7, APPLY, 1)
+    let late = scripts::restock(&mut con, &keys, &op, 7, APPLY, 1, 0)
         .await
         .unwrap();
     assert_eq!(late, Restocked::NotApplied);
     assert_eq!(script_stock(&mut con, &keys).await, 10);
     // An applied operation reads back as applied, with the sequence it produced.
     let done = Uuid::now_v7();
-    scripts::restock(&mut con, &keys, &done, 3, APPLY, 1)
+    scripts::restock(&mut con, &keys, &done, 3, APPLY, 1, 0)
         .await
         .unwrap();
-    let read = scripts::restock(&mut con, &keys, &done, 3, RestockMode::Resolve, 1)
+    let read = scripts::restock(&mut con, &keys, &done, 3, RestockMode::Resolve, 1, 0)
         .await
         .unwrap();
     assert_eq!(
@@ -84,7 +84,7 @@ async fn a_restock_read_back_before_it_ran_is_fenced_and_never_applies() {
 async fn an_operator_whose_lock_is_gone_cannot_move_a_state_a_newer_one_touched() {
     let (mut con, keys) = seeded_sku(10, 1).await;
     // Operator 5 restocks; operator 4 (its lock lost without knowing) comes late.
-    let newer = scripts::restock(&mut con, &keys, &Uuid::now_v7(), 2, APPLY, 5)
+    let newer = scripts::restock(&mut con, &keys, &Uuid::now_v7(), 2, APPLY, 5, 0)
         .await
         .unwrap();
     assert_eq!(
@@ -94,7 +94,7 @@ async fn an_operator_whose_lock_is_gone_cannot_move_a_state_a_newer_one_touched(
             seq: 1
         }
     );
-    let older = scripts::restock(&mut con, &keys, &Uuid::now_v7(), -12, APPLY, 4)
+    let older = scripts::restock(&mut con, &keys, &Uuid::now_v7(), -12, APPLY, 4, 0)
         .await
         .unwrap();
     assert_eq!(older, Restocked::Superseded);

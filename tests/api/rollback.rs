@@ -157,6 +157,35 @@ async fn the_writer_closes_a_sku_whose_state_sold_a_sequence_the_ledger_already_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restock_on_a_state_behind_the_ledger_closes_it_instead_of_shrinking_the_total() {
+    let app = spawn_app().await;
+    app.declare("shrink", 10, 1).await;
+    assert_eq!(
+        won_ids(&release_buyers(&app.api, "shrink", users("s", 8)).await).len(),
+        8
+    );
+    app.drained("shrink").await;
+    // Redis comes back as it was before the 8 sales: 10 in stock, sequence 0.
+    let state = format!("{}:{{shrink}}:state", app.probe.prefix);
+    let _: () = redis::cmd("HSET")
+        .arg(&state)
+        .arg("seq")
+        .arg(0)
+        .arg("stock")
+        .arg(10)
+        .query_async(&mut app.probe.redis.clone())
+        .await
+        .unwrap();
+    // Checked against the forgotten stock, -5 would pass and leave a total of 5 under 8 sold.
+    let r = app.restock("shrink", -5).await;
+    assert_eq!(r.status(), 503);
+    let v = app.view("shrink").await;
+    assert_eq!(v["total"], 10, "{v}");
+    assert_eq!(app.restore("shrink", false).await.status(), 200);
+    assert_eq!(app.stock("shrink").await, Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_evicting_redis_is_refused_at_start_and_reported_by_readyz() {
     let redis = PrivateRedis::start().await;
     let mut admin = redis::Client::open(redis.url())

@@ -1,12 +1,11 @@
 //! The whole gateway under faults, against the model's rules: two `dropgate serve` processes
 //! behind fault proxies to Redis and PostgreSQL, a seeded stream of claims (fresh keys,
-//! retries of old keys, no keys), restocks, restores and lookups from concurrent clients, and a
-//! seeded nemesis: Redis stalled, slowed, cut, cut mid-reply, paused; PostgreSQL stalled and
-//! cut; a gateway SIGKILLed and restarted; rows refused by a trigger until compensated.
+//! retries of old keys, no keys), restocks, restores and lookups from concurrent clients, the
+//! seeded nemesis of `nemesis.rs`, and rows refused by a trigger until compensated.
 //!
 //! Every answer is checked as it comes (only the contract's statuses and codes), the state
-//! every few hundred steps (no oversell, no count over the limit), and the whole history at the
-//! end: every 201 in the ledger, no unit moved by a request answered 503 `unavailable`, one
+//! twice a second (no oversell, no stock below 0, no count over the limit), and the whole
+//! history at the end: every 201 in the ledger, no unit moved by a request answered 503 `unavailable`, one
 //! claim per key, replays of the first win, unknown outcomes settled, the ledger balanced.
 //! `MODEL_SEED` replays the operation stream; `GATEWAY_MODEL_STEPS` (10,000) sets its length.
 
@@ -151,6 +150,7 @@ async fn the_gateway_keeps_every_invariant_under_seeded_faults() {
         snapshot: None,
     };
     let nemesis = tokio::spawn(nemesis.run(seed, done.clone()));
+    let monitor = tokio::spawn(monitor(probe.clone(), done.clone()));
     let mut failure = None;
     for c in clients {
         if let Err(e) = c.await.unwrap() {
@@ -159,6 +159,9 @@ async fn the_gateway_keeps_every_invariant_under_seeded_faults() {
     }
     done.store(true, Ordering::Relaxed);
     let (faults, _nemesis) = nemesis.await.unwrap();
+    if let Err(e) = monitor.await.unwrap() {
+        failure.get_or_insert(e);
+    }
     redis_proxy.set(Mode::Pass);
     pg_proxy.set(Mode::Pass);
     if let Some(e) = failure {
@@ -288,6 +291,60 @@ async fn client_step(
         claim_id,
         replayed,
     });
+    Ok(())
+}
+
+/// A SKU's per-user counts and its stock, as Redis holds them.
+type UsersAndStock = (Vec<(String, i64)>, Option<i64>);
+
+/// Checks, twice a second while the clients run, what must hold at every instant: no SKU has
+/// more live units in the ledger than its total, no Redis stock below 0, no buyer's Redis count
+/// over the limit.
+async fn monitor(probe: Probe, done: Arc<AtomicBool>) -> Result<(), String> {
+    while !done.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let rows: Vec<(String, i64, i64)> = match sqlx::query_as(
+            "SELECT s.sku, s.total,
+                    (SELECT COALESCE(SUM(quantity), 0)::bigint FROM issuances i
+                      WHERE i.sku = s.sku AND i.status IN ('issued', 'held', 'confirmed'))
+                  + (SELECT COALESCE(SUM(quantity), 0)::bigint FROM persistence_pending p
+                      WHERE p.sku = s.sku AND p.status IN ('pending', 'reprocessing'))
+               FROM skus s",
+        )
+        .fetch_all(&probe.db)
+        .await
+        {
+            Ok(r) => r,
+            Err(_) => continue,
+        };
+        for (sku, total, live) in rows {
+            if live > total {
+                return Err(format!(
+                    "{sku}: {live} live units against a total of {total}"
+                ));
+            }
+            let limit = SKUS.iter().find(|s| s.0 == sku).map_or(i64::MAX, |s| s.2);
+            let users = format!("{}:{{{sku}}}:users", probe.prefix);
+            let state = format!("{}:{{{sku}}}:state", probe.prefix);
+            let read: redis::RedisResult<UsersAndStock> = redis::pipe()
+                .cmd("HGETALL")
+                .arg(&users)
+                .cmd("HGET")
+                .arg(&state)
+                .arg("stock")
+                .query_async(&mut probe.redis.clone())
+                .await;
+            let Ok((counts, stock)) = read else { continue };
+            if let Some((user, n)) = counts.iter().find(|(_, n)| *n > limit) {
+                return Err(format!(
+                    "redis counts {n} units of {sku} for {user}, limit {limit}"
+                ));
+            }
+            if stock.is_some_and(|s| s < 0) {
+                return Err(format!("{sku}: redis stock {stock:?}"));
+            }
+        }
+    }
     Ok(())
 }
 

@@ -1,7 +1,7 @@
 //! The gateway model's nemesis: one seeded fault every 150–400 ms while the clients run.
-//! Redis: stalled, slowed, every connection cut, a reply cut mid-way, paused, SIGKILLed and
-//! restarted on its fsync-always AOF, rolled back to an older copy of its data. PostgreSQL:
-//! stalled, every connection cut. A gateway: SIGKILLed and restarted.
+//! Redis: stalled, slowed, black-holed, every connection cut, a reply cut mid-way, paused,
+//! SIGKILLed and restarted on its fsync-always AOF, rolled back to an older copy of its data.
+//! PostgreSQL: stalled, every connection cut. A gateway: SIGKILLed and restarted.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,7 +43,7 @@ impl Nemesis {
         while !done.load(Ordering::Relaxed) {
             tokio::time::sleep(Duration::from_millis(rng.random_range(150..400))).await;
             faults += 1;
-            match rng.random_range(0..11) {
+            match rng.random_range(0..12) {
                 0 => {
                     self.redis_proxy.set(Mode::Stall);
                     tokio::time::sleep(Duration::from_millis(rng.random_range(100..700))).await;
@@ -74,6 +74,13 @@ impl Nemesis {
                     self.redis.restart().await;
                 }
                 9 => self.roll_back().await,
+                10 => {
+                    // Requests vanish on the way (and replies): then every connection is cut.
+                    self.redis_proxy.set(Mode::BlackHole);
+                    tokio::time::sleep(Duration::from_millis(rng.random_range(100..500))).await;
+                    self.redis_proxy.set(Mode::Pass);
+                    self.redis_proxy.cut_all();
+                }
                 _ => {}
             }
         }

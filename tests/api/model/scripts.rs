@@ -174,13 +174,22 @@ impl Driver {
                 delta,
                 RestockMode::Resolve,
                 0,
+                0,
             )
             .await
             .map_err(|e| e.to_string())?;
             same("restock resolve", &r, &Restocked::NotApplied)?;
         }
-        let got =
-            scripts::restock(&mut self.con, &self.keys, &op, delta, RestockMode::Apply, 0).await;
+        let got = scripts::restock(
+            &mut self.con,
+            &self.keys,
+            &op,
+            delta,
+            RestockMode::Apply,
+            0,
+            self.world.mark,
+        )
+        .await;
         let got = match got {
             Ok(Restocked::Applied { remaining, .. }) => Ok(Some(remaining)),
             Ok(Restocked::Refused) => Ok(None),

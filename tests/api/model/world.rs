@@ -139,6 +139,10 @@ impl World {
         if self.stale {
             return Err("stale");
         }
+        if self.seq < self.mark {
+            self.stale = true;
+            return Err("stale");
+        }
         if self.stock + delta < 0 {
             return Ok(None);
         }
