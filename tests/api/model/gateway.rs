@@ -308,7 +308,13 @@ async fn monitor(probe: Probe, done: Arc<AtomicBool>) -> Result<(), String> {
                     (SELECT COALESCE(SUM(quantity), 0)::bigint FROM issuances i
                       WHERE i.sku = s.sku AND i.status IN ('issued', 'held', 'confirmed'))
                   + (SELECT COALESCE(SUM(quantity), 0)::bigint FROM persistence_pending p
-                      WHERE p.sku = s.sku AND p.status IN ('pending', 'reprocessing'))
+                      WHERE p.sku = s.sku AND p.status IN ('pending', 'reprocessing')
+                        -- A compensation is recorded in issuances before its units go back
+                        -- and the parked row is closed after: from the record on, it is not
+                        -- live (or a negative restock in between would look like an oversell).
+                        AND NOT EXISTS (SELECT 1 FROM issuances c
+                                         WHERE c.claim_id = p.claim_id
+                                           AND c.status = 'compensated'))
                FROM skus s",
         )
         .fetch_all(&probe.db)
