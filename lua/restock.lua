@@ -16,10 +16,11 @@
 --            {-3, 0, 0} the state is marked stale, or is behind the floor and is marked stale
 --                       now (fail closed until restore);
 --            {-4, 0, 0} a newer operator action touched the state: this caller lost its lock
---                       (nothing changes);
+--                       (nothing changes; an operation already applied or fenced is reported
+--                       as such whatever the epoch);
 --            {3, 0, 0} fenced by resolve.
 --   resolve: {2, remaining, seq} the operation was applied; {3, 0, 0} it was not, and now
---            cannot be; {-4, 0, 0} as above.
+--            cannot be.
 -- `seq` is the state's sequence after the operation (the caller records it in PostgreSQL, so
 -- a Redis that comes back without this restock is known to be stale).
 --
@@ -31,12 +32,8 @@
 local state, marker = KEYS[1], KEYS[2]
 local epoch = tonumber(ARGV[4])
 local cur = redis.call('HMGET', state, 'stock', 'seq', 'stale', 'epoch')
-if cur[1] then
-  if tonumber(cur[4] or '0') > epoch then
-    return {-4, 0, 0}
-  end
-  redis.call('HSET', state, 'epoch', epoch)
-end
+-- What already happened to this operation is reported to anyone, whatever their epoch: a
+-- read-back must never call an applied restock "not applied".
 local seen = redis.call('GET', marker)
 if seen == 'void' then
   return {3, 0, 0}
@@ -45,12 +42,17 @@ if seen then
   return {2, tonumber(cur[1] or '0'), tonumber(seen)}
 end
 if ARGV[1] == 'resolve' then
+  -- Fencing an operation that never ran is safe under any epoch: it only stops it from running.
   redis.call('SET', marker, 'void', 'EX', tonumber(ARGV[3]))
   return {3, 0, 0}
 end
 if not cur[1] then
   return {-1, 0, 0}
 end
+if tonumber(cur[4] or '0') > epoch then
+  return {-4, 0, 0}
+end
+redis.call('HSET', state, 'epoch', epoch)
 if cur[3] then
   return {-3, 0, 0}
 end

@@ -99,9 +99,22 @@ async fn an_operator_whose_lock_is_gone_cannot_move_a_state_a_newer_one_touched(
         .unwrap();
     assert_eq!(older, Restocked::Superseded);
     assert!(!scripts::close_sku(&mut con, &keys, 4).await.unwrap());
-    assert_eq!(script_stock(&mut con, &keys).await, 12);
-    // The newer operator (or a later one) may close it.
-    assert!(scripts::close_sku(&mut con, &keys, 6).await.unwrap());
+    // What already happened is reported to anyone: an older operator reading back its own
+    // applied restock hears "applied", never "not applied" (it would take the total back).
+    let mine = Uuid::now_v7();
+    scripts::restock(&mut con, &keys, &mine, 1, APPLY, 7, 0)
+        .await
+        .unwrap();
+    scripts::restock(&mut con, &keys, &Uuid::now_v7(), 1, APPLY, 8, 0)
+        .await
+        .unwrap();
+    let read = scripts::restock(&mut con, &keys, &mine, 1, RestockMode::Resolve, 7, 0)
+        .await
+        .unwrap();
+    assert!(matches!(read, Restocked::Applied { .. }), "{read:?}");
+    assert_eq!(script_stock(&mut con, &keys).await, 14);
+    // The newest operator (or a later one) may close it.
+    assert!(scripts::close_sku(&mut con, &keys, 8).await.unwrap());
 }
 
 /// compensate.lua as two racing reprocessors would call it (mode, owner).
