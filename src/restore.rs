@@ -84,7 +84,19 @@ pub async fn restore(
     let new_seq = mark.max(seq.unwrap_or(0)) + 1;
     let staged = keys.users_restore(&uuid::Uuid::new_v4());
     let (units, users) = stage_live_claims(store, &mut con, &keys, &staged, db, sku).await?;
-    let mut stock = row.total - units;
+    // The total as it is now, and proof that no newer operator action (which would have taken
+    // a newer epoch) has moved it since this restore's lock: a lock lost with its connection
+    // would otherwise let a restock finish in between, and the stock computed from a total it
+    // changed would sell what it took back.
+    let (total, epoch): (i64, i64) =
+        sqlx::query_as("SELECT total, op_epoch FROM skus WHERE sku = $1")
+            .bind(sku)
+            .fetch_one(db)
+            .await?;
+    if epoch != lock.epoch {
+        return Err(StoreError::Unavailable("a newer operator action holds the SKU".into()).into());
+    }
+    let mut stock = total - units;
     if stock < 0 {
         tracing::error!(
             sku,
