@@ -14,6 +14,7 @@ use crate::catalog::Catalog;
 use crate::claims::ClaimService;
 use crate::config::Config;
 use crate::freshness::{Marks, Refresher};
+use crate::outbox::{OutboxStatus, Relay};
 use crate::reprocess::Reprocessor;
 use crate::store::Store;
 use crate::writer::{Writer, WriterSignal};
@@ -25,6 +26,8 @@ pub struct AppState {
     pub verifier: Verifier,
     pub claims: ClaimService,
     pub metrics: PrometheusHandle,
+    /// The outbox backlog and the relay's NATS state, shown by /readyz (never a reason for 503).
+    pub outbox: Arc<OutboxStatus>,
     /// Set on shutdown, so /readyz turns 503 before the listener closes.
     draining: AtomicBool,
 }
@@ -42,6 +45,7 @@ pub struct Application {
     writer: Writer,
     reprocessor: Reprocessor,
     refresher: Refresher,
+    relay: Relay,
     config: Config,
 }
 
@@ -76,6 +80,7 @@ impl Application {
             .with_context(|| format!("binding {}", config.listen))?;
         let wake = Arc::new(WriterSignal::default());
         let marks = Arc::new(Marks::default());
+        let outbox = Arc::new(OutboxStatus::default());
         let state = Arc::new(AppState {
             catalog: Catalog::new(requests_db),
             verifier: Verifier::new(&config.admission_secret, config.admin_token.clone()),
@@ -87,6 +92,7 @@ impl Application {
                 marks.clone(),
             ),
             metrics: crate::metrics::handle(),
+            outbox: outbox.clone(),
             store: store.clone(),
             draining: AtomicBool::new(false),
         });
@@ -103,6 +109,12 @@ impl Application {
             db: db.clone(),
             marks,
         };
+        let relay = Relay::new(
+            db.clone(),
+            config.nats.clone(),
+            outbox,
+            config.outbox_retention,
+        );
         let reprocessor = Reprocessor::new(
             store,
             db,
@@ -115,6 +127,7 @@ impl Application {
             writer,
             reprocessor,
             refresher,
+            relay,
             config,
         })
     }
@@ -143,6 +156,10 @@ impl Application {
         let reprocessor = tokio::spawn(self.reprocessor.run(background.clone()));
         let refresher = tokio::spawn(self.refresher.run(background.clone()));
         let settler = tokio::spawn(self.state.claims.settler().run(background.clone()));
+        // Stopped after the writer and the reprocessor, so its flush publishes what they
+        // recorded while stopping.
+        let relay_stop = CancellationToken::new();
+        let relay = tokio::spawn(self.relay.run(relay_stop.clone()));
         let state = self.state.clone();
         let draining = {
             let shutdown = shutdown.clone();
@@ -169,8 +186,11 @@ impl Application {
             let _ = reprocessor.await;
             let _ = refresher.await;
             let _ = settler.await;
+            relay_stop.cancel();
+            let _ = relay.await;
         })
         .await;
+        relay_stop.cancel();
         if flushed.is_err() {
             tracing::warn!("background tasks did not stop within the grace period; the journal keeps what was not written");
         }
