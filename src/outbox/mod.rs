@@ -31,6 +31,7 @@ pub mod events;
 pub mod jetstream;
 pub mod relay;
 pub mod store;
+pub mod tail;
 
 
 pub use events::{EventKind, OutboxRow};
