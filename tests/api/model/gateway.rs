@@ -423,7 +423,7 @@ async fn check_history(api: &Api, probe: &Probe, h: &History) -> Result<(), Stri
             let prev = first_win
                 .entry((a.sku.clone(), a.user.clone(), k.clone()))
                 .or_insert(id);
-            if *prev != id && !by_id.get(prev).is_some_and(|r| r.status == "compensated") {
+            if *prev != id && by_id.get(prev).is_none_or(|r| r.status != "compensated") {
                 return Err(format!("key {k} of {} won twice: {prev} and {id}", a.user));
             }
         }

@@ -393,10 +393,8 @@ impl Driver {
     /// The state matches the model, and the ledger balances: nothing oversold, no count over
     /// the limit.
     async fn check(&mut self) -> Result<(), String> {
-        let (head, users): (
-            (Option<i64>, Option<i64>, Option<i64>, Option<String>),
-            Vec<(String, i64)>,
-        ) = redis::pipe()
+        type Head = (Option<i64>, Option<i64>, Option<i64>, Option<String>);
+        let (head, users): (Head, Vec<(String, i64)>) = redis::pipe()
             .cmd("HMGET")
             .arg(self.keys.state())
             .arg("stock")
