@@ -12,6 +12,7 @@ mod helpers;
 mod http;
 mod model;
 mod operators;
+mod outbox;
 mod proxy;
 mod restock;
 mod rollback;
