@@ -33,7 +33,6 @@ pub mod relay;
 pub mod store;
 pub mod tail;
 
-
 pub use events::{EventKind, OutboxRow};
 pub use relay::Relay;
 pub use store::{record, NewEvent};

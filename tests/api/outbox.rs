@@ -357,3 +357,59 @@ async fn events_tail_prints_json_lines_of_its_sku_and_resumes_where_it_stopped()
         .iter()
         .all(|l| l["sku"] == "tail.1" && l["type"] == "claim.won"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_whose_lease_was_taken_over_marks_nothing_and_a_claim_waits_for_its_earlier_event()
+{
+    use dropgate::outbox::{record, store, EventKind, NewEvent};
+    // No NATS: the gateway's own relay only counts, so the test drives the relay's steps.
+    let app = spawn_app().await;
+    let claim = Uuid::now_v7();
+    let mut tx = app.db.begin().await.unwrap();
+    for kind in [EventKind::Won, EventKind::Compensated] {
+        let event = NewEvent {
+            kind,
+            claim_id: claim,
+            sku: "fence",
+            user: "u",
+            quantity: 1,
+            status: "issued",
+            occurred_at: None,
+        };
+        record(&mut tx, &event).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+    let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+
+    // Only the claim's first event is taken while it is unsent.
+    let taken = store::lease(&app.db, a, Duration::ZERO, 10).await.unwrap();
+    assert_eq!(taken.iter().map(|r| r.seq).collect::<Vec<_>>(), [1]);
+    // A's lease (zero long) has run out: B takes the row over; A can no longer mark it.
+    let taken = store::lease(&app.db, b, Duration::from_secs(60), 10)
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 1);
+    assert_eq!(
+        store::mark_sent(&app.db, a, &[taken[0].id]).await.unwrap(),
+        0
+    );
+    assert!(store::lease(&app.db, a, Duration::from_secs(60), 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        store::mark_sent(&app.db, b, &[taken[0].id]).await.unwrap(),
+        1
+    );
+    // Now the second event is free, and sent rows go after the retention period.
+    let next = store::lease(&app.db, a, Duration::from_secs(60), 10)
+        .await
+        .unwrap();
+    assert_eq!(next.iter().map(|r| r.seq).collect::<Vec<_>>(), [2]);
+    assert_eq!(store::trim(&app.db, Duration::ZERO, 1).await.unwrap(), 1);
+    let left: Vec<i32> = sqlx::query_scalar("SELECT seq FROM outbox")
+        .fetch_all(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(left, [2]);
+}
