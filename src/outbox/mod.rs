@@ -103,7 +103,7 @@ pub enum NatsState {
 }
 
 impl NatsState {
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             NatsState::NotConfigured => "not_configured",
             NatsState::Ok => "ok",

@@ -40,6 +40,8 @@ pub struct Relay {
     /// Rows JetStream acknowledged whose marking as sent failed (PostgreSQL unreachable):
     /// marked first on the next round, and never published again by this relay.
     acked: Vec<i64>,
+    /// The state after the last round: a change is logged once, not every retry.
+    state: NatsState,
 }
 
 impl Relay {
@@ -56,6 +58,7 @@ impl Relay {
             status,
             retention,
             acked: Vec::new(),
+            state: NatsState::Ok,
         }
     }
 
@@ -84,7 +87,7 @@ impl Relay {
             if now >= next_sample {
                 next_sample = now + SAMPLE_EVERY;
                 self.sample().await;
-                if listener.is_none() {
+                if listener.is_none() && publisher.is_some() {
                     listener = listen(&self.db).await;
                 }
             }
@@ -152,12 +155,25 @@ impl Relay {
     /// acknowledged ones sent, give back the rest. Returns how many rows were taken.
     async fn round(&mut self, p: &mut Publisher) -> Result<usize, RelayError> {
         let result = self.publish_batch(p).await;
-        self.status.set_nats(match &result {
+        let state = match &result {
             Ok(_) => NatsState::Ok,
             Err(_) if !p.connected() => NatsState::Unreachable,
-            Err(RelayError::Db(_)) => NatsState::Ok,
+            Err(RelayError::Db(_)) => self.state,
             Err(_) => NatsState::Failing,
-        });
+        };
+        if state != self.state {
+            match (&result, state) {
+                (_, NatsState::Ok) => tracing::info!("outbox relay publishing again"),
+                (Err(e), _) => tracing::warn!(error = %e, state = state.as_str(),
+                    "outbox relay cannot publish; claim events wait in PostgreSQL"),
+                _ => {}
+            }
+            self.state = state;
+        }
+        if let Err(RelayError::Db(e)) = &result {
+            tracing::warn!(error = %e, "outbox relay cannot reach PostgreSQL; retrying");
+        }
+        self.status.set_nats(state);
         result
     }
 

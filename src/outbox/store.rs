@@ -55,7 +55,9 @@ pub async fn record(tx: &mut PgConnection, event: &NewEvent<'_>) -> Result<(), D
 /// Takes up to `limit` unsent events for `owner` until `lease` from now, oldest first: those
 /// nobody holds, those whose lease ran out, and this owner's own (a batch it failed to finish).
 /// An event whose claim has an earlier event still unsent is left for a later round, so a
-/// claim's events reach JetStream in their order even with several relays.
+/// claim's events reach JetStream in their order even with several relays. (`= ANY(ARRAY(…))`
+/// rather than `IN (…)`: the planner then fetches the taken rows by primary key, where a
+/// semi-join would scan the whole table, sent rows of the retention period included.)
 ///
 /// # Errors
 /// The database's error; nothing was taken.
@@ -68,7 +70,7 @@ pub async fn lease(
     let mut rows: Vec<OutboxRow> = sqlx::query_as(
         "UPDATE outbox o
             SET lease_owner = $1, lease_until = now() + make_interval(secs => $2)
-          WHERE o.id IN (
+          WHERE o.id = ANY(ARRAY(
                 SELECT c.id FROM outbox c
                  WHERE c.sent_at IS NULL
                    AND (c.lease_until IS NULL OR c.lease_until < now() OR c.lease_owner = $1)
@@ -77,7 +79,7 @@ pub async fn lease(
                                       AND e.sent_at IS NULL)
                  ORDER BY c.id
                  LIMIT $3
-                 FOR UPDATE SKIP LOCKED)
+                 FOR UPDATE SKIP LOCKED))
           RETURNING o.id, o.claim_id, o.seq, o.event, o.sku, o.user_id, o.quantity, o.status,
                     o.occurred_at, o.created_at",
     )

@@ -171,6 +171,7 @@ async fn a_gateway_sigkilled_mid_relay_beside_a_second_one_loses_no_event_and_re
     .await;
     gw1.sigkill().await;
     let left_at_kill = unsent(&probe.db).await;
+    assert!(left_at_kill > 0, "the relays finished before the kill");
     let _gw1 = GatewayProcess::start(&iso, REDIS_URL, &env).await;
 
     // The dead relay's leases run out; the others publish its rows again (JetStream drops
