@@ -22,6 +22,10 @@ const POLL: Duration = Duration::from_millis(500);
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 const TRIM_EVERY: Duration = Duration::from_secs(60);
 const TRIM_CHUNK: i64 = 5000;
+/// While a relay works through a backlog it looks only above its last batch; at least this
+/// often (and whenever it has caught up) it looks from the start again, for rows below that
+/// committed late, were given back, or whose lease ran out.
+const FULL_SCAN_EVERY: Duration = Duration::from_secs(1);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// The NOTIFY channel of `migrations/0005_outbox.sql`.
@@ -42,6 +46,10 @@ pub struct Relay {
     acked: Vec<i64>,
     /// The state after the last round: a change is logged once, not every retry.
     state: NatsState,
+    /// Where the next lease looks from (see [`store::lease`]), and when it last looked from
+    /// the start.
+    floor: i64,
+    full_scan_at: Instant,
 }
 
 impl Relay {
@@ -59,6 +67,8 @@ impl Relay {
             retention,
             acked: Vec::new(),
             state: NatsState::Ok,
+            floor: 0,
+            full_scan_at: Instant::now(),
         }
     }
 
@@ -184,7 +194,18 @@ impl Relay {
             return Err(RelayError::Unreachable);
         }
         let leased_at = Instant::now();
-        let rows = store::lease(&self.db, self.owner, LEASE, BATCH).await?;
+        if self.full_scan_at.elapsed() >= FULL_SCAN_EVERY {
+            self.floor = 0;
+        }
+        if self.floor == 0 {
+            self.full_scan_at = leased_at;
+        }
+        let rows = store::lease(&self.db, self.owner, LEASE, BATCH, self.floor).await?;
+        // A full batch: more is waiting above it. Otherwise caught up: look from the start.
+        self.floor = match rows.first() {
+            Some(first) if rows.len() as i64 >= BATCH => first.id - 1,
+            _ => 0,
+        };
         if rows.is_empty() {
             return Ok(0);
         }

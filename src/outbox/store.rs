@@ -61,18 +61,23 @@ pub async fn record(tx: &mut PgConnection, event: &NewEvent<'_>) -> Result<(), D
 ///
 /// # Errors
 /// The database's error; nothing was taken.
+///
+/// Only rows above `after` are looked at: a relay working through a backlog passes the id
+/// below its last batch, so it does not walk again over the index entries of rows it has sent
+/// (dead until vacuum); `0` looks at everything.
 pub async fn lease(
     db: &PgPool,
     owner: Uuid,
     lease: Duration,
     limit: i64,
+    after: i64,
 ) -> Result<Vec<OutboxRow>, DbError> {
     let mut rows: Vec<OutboxRow> = sqlx::query_as(
         "UPDATE outbox o
             SET lease_owner = $1, lease_until = now() + make_interval(secs => $2)
           WHERE o.id = ANY(ARRAY(
                 SELECT c.id FROM outbox c
-                 WHERE c.sent_at IS NULL
+                 WHERE c.sent_at IS NULL AND c.id > $4
                    AND (c.lease_until IS NULL OR c.lease_until < now() OR c.lease_owner = $1)
                    AND NOT EXISTS (SELECT 1 FROM outbox e
                                     WHERE e.claim_id = c.claim_id AND e.seq < c.seq
@@ -86,6 +91,7 @@ pub async fn lease(
     .bind(owner)
     .bind(lease.as_secs_f64())
     .bind(limit)
+    .bind(after)
     .fetch_all(db)
     .await?;
     // RETURNING follows no order; publishing does.

@@ -383,10 +383,12 @@ async fn a_relay_whose_lease_was_taken_over_marks_nothing_and_a_claim_waits_for_
     let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
 
     // Only the claim's first event is taken while it is unsent.
-    let taken = store::lease(&app.db, a, Duration::ZERO, 10).await.unwrap();
+    let taken = store::lease(&app.db, a, Duration::ZERO, 10, 0)
+        .await
+        .unwrap();
     assert_eq!(taken.iter().map(|r| r.seq).collect::<Vec<_>>(), [1]);
     // A's lease (zero long) has run out: B takes the row over; A can no longer mark it.
-    let taken = store::lease(&app.db, b, Duration::from_secs(60), 10)
+    let taken = store::lease(&app.db, b, Duration::from_secs(60), 10, 0)
         .await
         .unwrap();
     assert_eq!(taken.len(), 1);
@@ -394,7 +396,7 @@ async fn a_relay_whose_lease_was_taken_over_marks_nothing_and_a_claim_waits_for_
         store::mark_sent(&app.db, a, &[taken[0].id]).await.unwrap(),
         0
     );
-    assert!(store::lease(&app.db, a, Duration::from_secs(60), 10)
+    assert!(store::lease(&app.db, a, Duration::from_secs(60), 10, 0)
         .await
         .unwrap()
         .is_empty());
@@ -403,7 +405,7 @@ async fn a_relay_whose_lease_was_taken_over_marks_nothing_and_a_claim_waits_for_
         1
     );
     // Now the second event is free, and sent rows go after the retention period.
-    let next = store::lease(&app.db, a, Duration::from_secs(60), 10)
+    let next = store::lease(&app.db, a, Duration::from_secs(60), 10, 0)
         .await
         .unwrap();
     assert_eq!(next.iter().map(|r| r.seq).collect::<Vec<_>>(), [2]);
