@@ -80,6 +80,7 @@ impl Relay {
                 Ok(p) => Some(p),
                 Err(e) => {
                     tracing::error!(error = %e, "outbox relay cannot use the NATS address; events stay in the outbox");
+                    self.status.set_nats(NatsState::Failing);
                     None
                 }
             },
@@ -132,9 +133,11 @@ impl Relay {
             let pause = if failed { backoff } else { POLL };
             tokio::select! {
                 woke = wait(&mut listener), if !failed => {
-                    if !woke {
+                    match listener.as_mut() {
+                        // Commits that came while this relay was busy: one round takes them all.
+                        Some(l) if woke => while l.next_buffered().is_some() {},
                         // The listener's connection failed; polling until it is back.
-                        listener = None;
+                        _ => listener = None,
                     }
                 }
                 _ = tokio::time::sleep(pause) => {}
