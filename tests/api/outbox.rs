@@ -416,3 +416,75 @@ async fn a_relay_whose_lease_was_taken_over_marks_nothing_and_a_claim_waits_for_
         .unwrap();
     assert_eq!(left, [2]);
 }
+
+/// The claim's outbox rows: (event, seq, status).
+async fn outbox_rows(db: &sqlx::PgPool, claim: Uuid) -> Vec<(String, i32, String)> {
+    sqlx::query_as("SELECT event, seq, status FROM outbox WHERE claim_id = $1 ORDER BY id")
+        .bind(claim)
+        .fetch_all(db)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_entry_written_twice_records_one_claim_won() {
+    let app = spawn_app().await;
+    let winner = dropgate::writer::Winner {
+        entry_id: "1-0".into(),
+        claim_id: Uuid::now_v7(),
+        sku: "twice".into(),
+        user: "u".into(),
+        quantity: 2,
+        idempotency_key: None,
+        remaining_after: Some(3),
+        created_ms: dropgate::claims::now_ms(),
+        seq: 1,
+    };
+    for _ in 0..2 {
+        dropgate::writer::write_batch(
+            &app.db,
+            std::slice::from_ref(&winner),
+            Duration::from_millis(50),
+        )
+        .await
+        .unwrap();
+    }
+    assert_eq!(
+        outbox_rows(&app.db, winner.claim_id).await,
+        [("claim.won".to_string(), 1, "issued".to_string())]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_claim_written_later_records_its_claim_won_then() {
+    let app = spawn_app_with(|c| c.reprocess_max_attempts = "100".into()).await;
+    install_trigger(&app.db).await;
+    app.declare("late", 10, 1).await;
+    let r = app.claim("late", "bad-1", 1, None).await;
+    let claim: Uuid = r.json::<Value>().await.unwrap()["claim_id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    wait_for(Duration::from_secs(20), || async {
+        let parked: i64 = sqlx::query_scalar("SELECT count(*) FROM persistence_pending")
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+        parked == 1
+    })
+    .await;
+    // Refused: no event yet, as the ledger holds no live claim.
+    assert!(outbox_rows(&app.db, claim).await.is_empty());
+
+    sqlx::query("UPDATE test_fault SET refuse = false")
+        .execute(&app.db)
+        .await
+        .unwrap();
+    app.drained("late").await;
+    assert_eq!(app.issued_ids("late").await, [claim]);
+    assert_eq!(
+        outbox_rows(&app.db, claim).await,
+        [("claim.won".to_string(), 1, "issued".to_string())]
+    );
+}
