@@ -56,7 +56,7 @@ fn winners(n: usize) -> Vec<Winner> {
 }
 
 async fn truncate(db: &PgPool) {
-    sqlx::query("TRUNCATE issuances, persistence_pending")
+    sqlx::query("TRUNCATE issuances, persistence_pending, outbox")
         .execute(db)
         .await
         .expect("TRUNCATE");

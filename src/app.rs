@@ -15,6 +15,7 @@ use crate::claims::ClaimService;
 use crate::config::Config;
 use crate::freshness::{Marks, Refresher};
 use crate::observe::{FailClosed, Observer};
+use crate::outbox::{OutboxStatus, Relay};
 use crate::reprocess::Reprocessor;
 use crate::store::Store;
 use crate::writer::{Writer, WriterSignal};
@@ -28,6 +29,8 @@ pub struct AppState {
     pub metrics: PrometheusHandle,
     /// SKUs seen failing closed, so the claim path and the observer log each transition once.
     pub closed: Arc<FailClosed>,
+    /// The outbox backlog and the relay's NATS state, shown by /readyz (never a reason for 503).
+    pub outbox: Arc<OutboxStatus>,
     /// Set on shutdown, so /readyz turns 503 before the listener closes.
     draining: AtomicBool,
 }
@@ -46,6 +49,7 @@ pub struct Application {
     reprocessor: Reprocessor,
     refresher: Refresher,
     observer: Observer,
+    relay: Relay,
     config: Config,
 }
 
@@ -81,6 +85,7 @@ impl Application {
         let wake = Arc::new(WriterSignal::default());
         let marks = Arc::new(Marks::default());
         let closed = Arc::new(FailClosed::default());
+        let outbox = Arc::new(OutboxStatus::default());
         let state = Arc::new(AppState {
             catalog: Catalog::new(requests_db),
             verifier: Verifier::new(&config.admission_secret, config.admin_token.clone()),
@@ -93,6 +98,7 @@ impl Application {
             ),
             metrics: crate::metrics::handle(),
             closed: closed.clone(),
+            outbox: outbox.clone(),
             store: store.clone(),
             draining: AtomicBool::new(false),
         });
@@ -115,6 +121,12 @@ impl Application {
             closed,
             config.sku_gauges_interval,
         );
+        let relay = Relay::new(
+            db.clone(),
+            config.nats.clone(),
+            outbox,
+            config.outbox_retention,
+        );
         let reprocessor = Reprocessor::new(
             store,
             db,
@@ -128,6 +140,7 @@ impl Application {
             reprocessor,
             refresher,
             observer,
+            relay,
             config,
         })
     }
@@ -157,6 +170,10 @@ impl Application {
         let refresher = tokio::spawn(self.refresher.run(background.clone()));
         let settler = tokio::spawn(self.state.claims.settler().run(background.clone()));
         let observer = tokio::spawn(self.observer.run(background.clone()));
+        // Stopped after the writer and the reprocessor, so its flush publishes what they
+        // recorded while stopping.
+        let relay_stop = CancellationToken::new();
+        let relay = tokio::spawn(self.relay.run(relay_stop.clone()));
         let state = self.state.clone();
         let draining = {
             let shutdown = shutdown.clone();
@@ -184,8 +201,11 @@ impl Application {
             let _ = refresher.await;
             let _ = settler.await;
             let _ = observer.await;
+            relay_stop.cancel();
+            let _ = relay.await;
         })
         .await;
+        relay_stop.cancel();
         if flushed.is_err() {
             tracing::warn!("background tasks did not stop within the grace period; the journal keeps what was not written");
         }

@@ -21,6 +21,20 @@ pub enum Command {
     Token(TokenArgs),
     /// Print every SKU's accounting; exit non-zero on any mismatch.
     Reconcile(ReconcileArgs),
+    /// Claim events on NATS JetStream.
+    Events(EventsArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct EventsArgs {
+    #[command(subcommand)]
+    pub command: EventsCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EventsCommand {
+    /// Print claim events as JSON lines from a durable consumer (resumes where it stopped).
+    Tail(crate::outbox::tail::TailArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -105,4 +119,14 @@ pub async fn reconcile(args: ReconcileArgs) -> anyhow::Result<bool> {
     let views = crate::ledger::accounting(&store, &catalog, args.sku.as_deref()).await?;
     print!("{}", crate::ledger::table(&views));
     Ok(views.iter().all(|v| v.consistent))
+}
+
+/// `dropgate events ...`.
+///
+/// # Errors
+/// The subcommand's failure.
+pub async fn events(args: EventsArgs) -> anyhow::Result<()> {
+    match args.command {
+        EventsCommand::Tail(t) => crate::outbox::tail::run(t).await,
+    }
 }

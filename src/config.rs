@@ -53,6 +53,28 @@ pub const DEFAULT_SKU_GAUGES_INTERVAL_MS: &str = "5000";
 /// subcommand.
 pub const ENV_LOG_JSON: &str = "DROPGATE_LOG_JSON";
 
+/// NATS server(s) the outbox relay publishes claim events to (comma-separated URLs). No
+/// default: without it no event is published, the outbox still fills and its backlog shows in
+/// `/readyz` and `/metrics`, so setting it later loses nothing.
+pub const ENV_NATS_URL: &str = "DROPGATE_NATS_URL";
+/// The JetStream stream of the claim events; created at start when missing.
+pub const ENV_NATS_STREAM: &str = "DROPGATE_NATS_STREAM";
+pub const DEFAULT_NATS_STREAM: &str = "DROPGATE";
+/// First token(s) of every event subject: `<prefix>.<sku>.<event>`.
+pub const ENV_NATS_SUBJECT_PREFIX: &str = "DROPGATE_NATS_SUBJECT_PREFIX";
+pub const DEFAULT_NATS_SUBJECT_PREFIX: &str = "dropgate";
+/// JetStream's duplicate window of a stream the gateway creates: a publish repeated within it
+/// (a relay taking over an event another relay published and could not mark sent) is dropped
+/// by its `Nats-Msg-Id`. Far longer than a relay lease; an existing stream keeps its own.
+pub const ENV_NATS_DUPLICATE_WINDOW_SECS: &str = "DROPGATE_NATS_DUPLICATE_WINDOW_SECS";
+pub const DEFAULT_NATS_DUPLICATE_WINDOW_SECS: &str = "600";
+/// How long sent events stay in the `outbox` table (for an operator's inspection or replay)
+/// before the relay deletes them.
+pub const ENV_OUTBOX_RETENTION_SECS: &str = "DROPGATE_OUTBOX_RETENTION_SECS";
+pub const DEFAULT_OUTBOX_RETENTION_SECS: &str = "86400";
+/// `dropgate events tail` is a developer's example consumer: it defaults to the local server.
+pub const DEFAULT_TAIL_NATS_URL: &str = "nats://127.0.0.1:4222";
+
 /// Backoff never grows past this, whatever the attempt count.
 pub const REPROCESS_BACKOFF_CAP: Duration = Duration::from_secs(60);
 /// Idempotency records live at least this long (API.md: at least 24 h).
@@ -129,6 +151,16 @@ pub struct RawConfig {
     pub max_connections: String,
     #[arg(long, env = ENV_SKU_GAUGES_INTERVAL_MS, default_value = DEFAULT_SKU_GAUGES_INTERVAL_MS)]
     pub sku_gauges_interval_ms: String,
+    #[arg(long, env = ENV_NATS_URL, hide_env_values = true)]
+    pub nats_url: Option<String>,
+    #[arg(long, env = ENV_NATS_STREAM, default_value = DEFAULT_NATS_STREAM)]
+    pub nats_stream: String,
+    #[arg(long, env = ENV_NATS_SUBJECT_PREFIX, default_value = DEFAULT_NATS_SUBJECT_PREFIX)]
+    pub nats_subject_prefix: String,
+    #[arg(long, env = ENV_NATS_DUPLICATE_WINDOW_SECS, default_value = DEFAULT_NATS_DUPLICATE_WINDOW_SECS)]
+    pub nats_duplicate_window_secs: String,
+    #[arg(long, env = ENV_OUTBOX_RETENTION_SECS, default_value = DEFAULT_OUTBOX_RETENTION_SECS)]
+    pub outbox_retention_secs: String,
 }
 
 impl Default for RawConfig {
@@ -149,6 +181,11 @@ impl Default for RawConfig {
             max_queue: DEFAULT_MAX_QUEUE.into(),
             max_connections: DEFAULT_MAX_CONNECTIONS.into(),
             sku_gauges_interval_ms: DEFAULT_SKU_GAUGES_INTERVAL_MS.into(),
+            nats_url: None,
+            nats_stream: DEFAULT_NATS_STREAM.into(),
+            nats_subject_prefix: DEFAULT_NATS_SUBJECT_PREFIX.into(),
+            nats_duplicate_window_secs: DEFAULT_NATS_DUPLICATE_WINDOW_SECS.into(),
+            outbox_retention_secs: DEFAULT_OUTBOX_RETENTION_SECS.into(),
         }
     }
 }
@@ -171,6 +208,20 @@ pub struct Config {
     pub max_queue: usize,
     pub max_connections: usize,
     pub sku_gauges_interval: Duration,
+    /// Where claim events go; `None`: nowhere yet (the outbox fills).
+    pub nats: Option<NatsConfig>,
+    /// Sent events are deleted from `outbox` after this long.
+    pub outbox_retention: Duration,
+}
+
+/// The JetStream target of the outbox relay.
+#[derive(Debug, Clone)]
+pub struct NatsConfig {
+    /// May carry credentials (`nats://user:pass@host`), so it never prints.
+    pub url: Secret,
+    pub stream: String,
+    pub subject_prefix: String,
+    pub duplicate_window: Duration,
 }
 
 /// Every problem found in one pass over the configuration.
@@ -274,6 +325,32 @@ impl RawConfig {
             100,
             3_600_000,
         );
+        let duplicate_window = num(
+            ENV_NATS_DUPLICATE_WINDOW_SECS,
+            &self.nats_duplicate_window_secs,
+            60,
+            86_400,
+        );
+        let retention = num(
+            ENV_OUTBOX_RETENTION_SECS,
+            &self.outbox_retention_secs,
+            0,
+            90 * 86_400,
+        );
+        if let Some(url) = &self.nats_url {
+            if let Err(e) = check_nats_url(url) {
+                errors.push(format!("{ENV_NATS_URL}: {e}"));
+            }
+        }
+        if let Err(e) = check_stream_name(&self.nats_stream) {
+            errors.push(format!("{ENV_NATS_STREAM}={:?}: {e}", self.nats_stream));
+        }
+        if let Err(e) = check_subject_prefix(&self.nats_subject_prefix) {
+            errors.push(format!(
+                "{ENV_NATS_SUBJECT_PREFIX}={:?}: {e}",
+                self.nats_subject_prefix
+            ));
+        }
         match (errors.is_empty(), listen, secret) {
             (true, Some(listen), Some(admission_secret)) => Ok(Config {
                 listen,
@@ -291,6 +368,13 @@ impl RawConfig {
                 max_queue: max_queue as usize,
                 max_connections: max_connections as usize,
                 sku_gauges_interval: Duration::from_millis(sku_gauges),
+                nats: self.nats_url.as_ref().map(|url| NatsConfig {
+                    url: Secret::new(url.as_str()),
+                    stream: self.nats_stream.clone(),
+                    subject_prefix: self.nats_subject_prefix.clone(),
+                    duplicate_window: Duration::from_secs(duplicate_window),
+                }),
+                outbox_retention: Duration::from_secs(retention),
             }),
             _ => Err(ConfigErrors(errors)),
         }
@@ -305,6 +389,45 @@ fn parse_listen(raw: &str) -> Result<SocketAddr, String> {
         raw.to_string()
     };
     full.parse::<SocketAddr>().map_err(|e| e.to_string())
+}
+
+/// One or more comma-separated `nats://` or `tls://` URLs (what async-nats accepts, minus
+/// the bare `host:port` form, so a typo such as a `redis://` URL is caught here).
+fn check_nats_url(raw: &str) -> Result<(), String> {
+    for url in raw.split(',').map(str::trim) {
+        let rest = url
+            .strip_prefix("nats://")
+            .or_else(|| url.strip_prefix("tls://"))
+            .ok_or("expected nats:// or tls:// URLs, comma-separated")?;
+        if rest.is_empty() {
+            return Err("a URL names no host".into());
+        }
+    }
+    Ok(())
+}
+
+/// JetStream stream names: no whitespace, `.`, `*`, `>`, or path separators.
+pub fn check_stream_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 255
+        && name
+            .chars()
+            .all(|c| c.is_ascii_graphic() && !matches!(c, '.' | '*' | '>' | '/' | '\\'));
+    ok.then_some(())
+        .ok_or_else(|| "1-255 visible ASCII characters without . * > / \\".into())
+}
+
+/// Subject tokens: non-empty, no whitespace, no wildcards.
+pub fn check_subject_prefix(prefix: &str) -> Result<(), String> {
+    let ok = !prefix.is_empty()
+        && prefix.len() <= 128
+        && prefix.split('.').all(|t| {
+            !t.is_empty()
+                && t.chars()
+                    .all(|c| c.is_ascii_graphic() && !matches!(c, '*' | '>'))
+        });
+    ok.then_some(())
+        .ok_or_else(|| "dot-separated tokens of visible ASCII without * or >, 1-128 chars".into())
 }
 
 #[cfg(test)]
@@ -330,6 +453,38 @@ mod tests {
             parse_listen(":0").unwrap(),
             "127.0.0.1:0".parse::<SocketAddr>().unwrap()
         );
+    }
+
+    #[test]
+    fn nats_settings_are_checked_with_the_rest() {
+        let raw = RawConfig {
+            nats_url: Some("redis://x".into()),
+            nats_stream: "a.b".into(),
+            nats_subject_prefix: "shop..drops".into(),
+            outbox_retention_secs: "-1".into(),
+            admission_secret: Some("0123456789abcdef".into()),
+            ..RawConfig::default()
+        };
+        let err = raw.validate().unwrap_err();
+        assert_eq!(err.0.len(), 4, "{err}");
+        let ok = RawConfig {
+            nats_url: Some("nats://127.0.0.1:4222,tls://b:4222".into()),
+            nats_subject_prefix: "shop.dropgate".into(),
+            admission_secret: Some("0123456789abcdef".into()),
+            ..RawConfig::default()
+        };
+        let config = ok.validate().unwrap();
+        let nats = config.nats.unwrap();
+        assert_eq!(nats.stream, DEFAULT_NATS_STREAM);
+        assert!(!format!("{nats:?}").contains("127.0.0.1"));
+        assert!(RawConfig {
+            admission_secret: Some("0123456789abcdef".into()),
+            ..RawConfig::default()
+        }
+        .validate()
+        .unwrap()
+        .nats
+        .is_none());
     }
 
     #[test]

@@ -22,6 +22,10 @@
 //!   removed (`writer/consumers.rs`).
 //! - [`reprocess`]: retries parked rows (`reprocess/rows.rs`: the PostgreSQL side); after the
 //!   last attempt records the compensation in `issuances`, then gives the units back, once.
+//! - [`outbox`]: claim events for the order system: rows of `outbox` written in the ledger's
+//!   own transactions (`outbox/events.rs`: kinds, body, subject; `outbox/store.rs`), relayed
+//!   to NATS JetStream by a leased, fenced relay in every gateway (`outbox/relay.rs`,
+//!   `outbox/jetstream.rs`); `dropgate events tail` (`outbox/tail.rs`).
 //! - [`error`]: infrastructure errors per boundary; PostgreSQL errors classified by SQLSTATE
 //!   (transient, the row refused, other).
 //! - [`inventory`]: declare, restock (each under the SKU's operator lock); [`restore`]: the
@@ -42,8 +46,9 @@
 //! mark (stale: 503) (a call that gets no answer is settled by `resolve_claim.lua`, reading;
 //! when even that gets no answer, 503 `outcome_unknown` and the [`settle`] task goes on) →
 //! 201/409/422 → the [`writer`] reads the journal, inserts
-//! into `issuances`, then acknowledges the entry; a row PostgreSQL refuses is parked for the
-//! [`reprocess`] loop.
+//! into `issuances` (and, in the same statement, its `claim.won` into `outbox`), then
+//! acknowledges the entry; a row PostgreSQL refuses is parked for the [`reprocess`] loop → the
+//! [`outbox`] relay publishes the event to JetStream.
 #![forbid(unsafe_code)]
 
 pub mod app;
@@ -62,6 +67,7 @@ pub mod keys;
 pub mod ledger;
 pub mod metrics;
 pub mod observe;
+pub mod outbox;
 pub mod record;
 pub mod reprocess;
 pub mod restore;

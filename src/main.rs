@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use dropgate::cli::{Cli, Command};
 use dropgate::config::{Secret, ENV_LOG_JSON, EXIT_CONFIG};
+use tracing_subscriber::fmt::writer::BoxMakeWriter;
 use tracing_subscriber::EnvFilter;
 
 /// mimalloc instead of glibc malloc: the hot path allocates small buffers per request, and
@@ -16,7 +17,15 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let json = std::env::var(ENV_LOG_JSON).is_ok_and(|v| v == "1");
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let subscriber = tracing_subscriber::fmt().with_env_filter(filter);
+    // `events tail` writes events to stdout, one JSON line each: its log goes to stderr.
+    let writer = if matches!(cli.command, Command::Events(_)) {
+        BoxMakeWriter::new(std::io::stderr)
+    } else {
+        BoxMakeWriter::new(std::io::stdout)
+    };
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer);
     if json {
         subscriber.json().init();
     } else {
@@ -55,6 +64,7 @@ fn main() -> ExitCode {
             Ok(config) => report(runtime.block_on(dropgate::cli::serve(config))),
         },
         Command::Demo(args) => report(runtime.block_on(dropgate::demo::run(args))),
+        Command::Events(args) => report(runtime.block_on(dropgate::cli::events(args))),
         Command::Reconcile(args) => match runtime.block_on(dropgate::cli::reconcile(args)) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::from(1),

@@ -91,6 +91,12 @@ pub fn handle() -> PrometheusHandle {
                 .and_then(|b| {
                     b.set_buckets_for_metric(Matcher::Full(JOURNAL_LAG.into()), LAG_BUCKETS)
                 })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full("dropgate_outbox_lag_seconds".into()),
+                        LAG_BUCKETS,
+                    )
+                })
                 .expect("bucket lists are non-empty constants")
                 .build_recorder();
             let handle = recorder.handle();
@@ -340,4 +346,30 @@ pub fn sku_closed(sku: &str, reason: Option<&str>) {
         let v = f64::from(u8::from(reason == Some(*r)));
         gauge!(SKU_CLOSED, "sku" => sku.to_string(), "reason" => *r).set(v);
     }
+}
+
+/// The outbox's unsent events (all gateways'), and how long the oldest has waited.
+pub fn outbox_backlog(events: i64, oldest: Option<f64>) {
+    gauge!("dropgate_outbox_backlog_events").set(events as f64);
+    gauge!("dropgate_outbox_oldest_unsent_seconds").set(oldest.unwrap_or(0.0));
+}
+
+/// Events acknowledged by JetStream and marked sent by this gateway's relay.
+pub fn outbox_published(events: u64) {
+    counter!("dropgate_outbox_published_total").increment(events);
+}
+
+/// Publishes JetStream acknowledged as duplicates: a redelivery it dropped by `Nats-Msg-Id`.
+pub fn outbox_duplicates(events: u64) {
+    counter!("dropgate_outbox_duplicates_total").increment(events);
+}
+
+/// From an event's insert (its transaction commits right after) to JetStream's acknowledgement.
+pub fn outbox_lag(lag: Duration) {
+    histogram!("dropgate_outbox_lag_seconds").record(lag.as_secs_f64());
+}
+
+/// Events a relay could not publish this round (NATS unreachable, no stream, no ack in time).
+pub fn outbox_publish_failed(events: u64) {
+    counter!("dropgate_outbox_publish_failures_total").increment(events);
 }

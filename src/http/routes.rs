@@ -270,6 +270,9 @@ struct Readiness {
     redis: &'static str,
     postgres: &'static str,
     draining: bool,
+    /// The claim events' backlog and NATS state: shown, never a reason for 503 (claims go on
+    /// while NATS is down; the events wait in PostgreSQL).
+    outbox: crate::outbox::OutboxReport,
 }
 
 async fn readyz(state: &AppState) -> Response<Body> {
@@ -293,6 +296,7 @@ async fn readyz(state: &AppState) -> Response<Body> {
         redis,
         postgres: if pg.is_ok() { "ok" } else { "unreachable" },
         draining,
+        outbox: state.outbox.report(),
     };
     let status = if ok {
         StatusCode::OK

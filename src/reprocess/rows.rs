@@ -13,6 +13,30 @@ use uuid::Uuid;
 
 use super::PendingRow;
 use crate::error::DbError;
+use crate::outbox::{self, EventKind, NewEvent};
+
+/// Records the claim's event in the caller's transaction (see [`crate::outbox`]).
+async fn event(
+    tx: &mut PgConnection,
+    row: &PendingRow,
+    kind: EventKind,
+    status: &str,
+) -> Result<(), DbError> {
+    let occurred_at = (kind == EventKind::Won).then_some(row.created_at);
+    outbox::record(
+        tx,
+        &NewEvent {
+            kind,
+            claim_id: row.claim_id,
+            sku: &row.sku,
+            user: &row.user_id,
+            quantity: row.quantity,
+            status,
+            occurred_at,
+        },
+    )
+    .await
+}
 
 /// What writing a parked claim to `issuances` found.
 #[derive(Debug, PartialEq, Eq)]
@@ -98,15 +122,16 @@ async fn update_owned(
     Ok(n == 1)
 }
 
-/// Writes the claim to `issuances` and resolves the parked row, in one transaction.
+/// Writes the claim to `issuances` with its `claim.won` event, and resolves the parked row,
+/// in one transaction.
 ///
 /// # Errors
 /// The database's error, e.g. its refusal of the row (nothing changed).
 pub async fn write(db: &PgPool, row: &PendingRow, owner: Uuid) -> Result<Written, DbError> {
     let mut tx = db.begin().await?;
-    if insert(&mut tx, row, "issued").await? == 0
-        && status(&mut tx, row.claim_id).await?.as_deref() == Some("compensated")
-    {
+    if insert(&mut tx, row, "issued").await? == 1 {
+        event(&mut tx, row, EventKind::Won, "issued").await?;
+    } else if status(&mut tx, row.claim_id).await?.as_deref() == Some("compensated") {
         return Ok(Written::Compensating);
     }
     if !update_owned(&mut tx, row, owner, "resolved", row.attempts + 1, None).await? {
@@ -160,6 +185,10 @@ pub async fn decide_compensation(
 /// recorded decisions first). Returns the status of a live `issuances` row found instead:
 /// the claim is then both recorded and given back, which the caller reports.
 ///
+/// The same transaction records `claim.compensated` (this update succeeds once per claim),
+/// preceded by the claim's `claim.won` unless a live row shows the ledger recorded (and
+/// announced) it: the order system heard of the claim from its 201, and hears of both ends.
+///
 /// # Errors
 /// The database error; the lease then runs out and the next owner finishes.
 pub async fn mark_compensated(
@@ -188,6 +217,10 @@ pub async fn mark_compensated(
         }
         Err(e) => return Err(e),
     };
+    if live.is_none() {
+        event(&mut tx, row, EventKind::Won, "issued").await?;
+    }
+    event(&mut tx, row, EventKind::Compensated, "compensated").await?;
     tx.commit().await?;
     Ok(live)
 }

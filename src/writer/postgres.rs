@@ -13,7 +13,12 @@ use crate::metrics as m;
 /// reprocessor writes a compensated claim's row with that status before giving its units
 /// back). A claim compensated without that row (`issuances` refused it too) is skipped by the
 /// `NOT EXISTS`: a writer that read its entry long ago never brings it back.
-const INSERT_ISSUANCES: &str = "INSERT INTO issuances
+///
+/// The same statement records each inserted claim's `claim.won` in `outbox` (see
+/// [`crate::outbox`]): only rows this insert actually wrote produce an event, so a journal
+/// entry delivered again produces none, and an event exists exactly when its claim committed.
+const INSERT_ISSUANCES: &str = "WITH ins AS (
+    INSERT INTO issuances
       (claim_id, sku, user_id, quantity, idempotency_key, remaining_after, created_at, seq)
     SELECT c, s, u, q, k, r, to_timestamp(ms::double precision / 1000), n
       FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::int8[], $7::int8[],
@@ -21,7 +26,11 @@ const INSERT_ISSUANCES: &str = "INSERT INTO issuances
         AS t(c, s, u, q, k, r, ms, n)
      WHERE NOT EXISTS (SELECT 1 FROM persistence_pending p
                         WHERE p.claim_id = t.c AND p.status = 'compensated')
-    ON CONFLICT (claim_id) DO NOTHING";
+    ON CONFLICT (claim_id) DO NOTHING
+    RETURNING claim_id, sku, user_id, quantity, status, created_at)
+  INSERT INTO outbox (claim_id, seq, event, sku, user_id, quantity, status, occurred_at)
+  SELECT claim_id, 1, 'claim.won', sku, user_id, quantity, status, created_at FROM ins
+  ON CONFLICT (claim_id, seq) DO NOTHING";
 
 /// A winner that neither `issuances` nor `persistence_pending` would take: the caller
 /// quarantines it before acknowledging its entry.

@@ -79,7 +79,7 @@ CREATE TRIGGER test_refuse BEFORE INSERT ON issuances
   FOR EACH ROW EXECUTE FUNCTION test_refuse();
 "#;
 
-async fn install_trigger(db: &sqlx::PgPool) {
+pub async fn install_trigger(db: &sqlx::PgPool) {
     sqlx::raw_sql(REFUSE_TRIGGER).execute(db).await.unwrap();
 }
 

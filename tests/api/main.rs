@@ -14,6 +14,7 @@ mod http;
 mod model;
 mod observe;
 mod operators;
+mod outbox;
 mod proxy;
 mod restock;
 mod rollback;

@@ -364,3 +364,76 @@ impl GatewayProcess {
             .unwrap()
     }
 }
+
+/// A nats-server of the test's own with JetStream, its store in a scratch directory that
+/// survives a stop and restart (so the stream and its duplicate window come back).
+pub struct PrivateNats {
+    pub port: u16,
+    dir: PathBuf,
+    child: Option<std::process::Child>,
+}
+
+impl PrivateNats {
+    pub async fn start() -> Self {
+        let mut n = PrivateNats {
+            port: free_port(),
+            dir: scratch_dir("nats"),
+            child: None,
+        };
+        n.restart().await;
+        n
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    pub async fn restart(&mut self) {
+        let child = std::process::Command::new("nats-server")
+            .args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string()])
+            .arg("-sd")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nats-server is installed (apt-get install nats-server)");
+        self.child = Some(child);
+        let url = self.url();
+        // Up means JetStream answers, not only the port.
+        wait_for(Duration::from_secs(20), || {
+            let url = url.clone();
+            async move {
+                use async_nats::jetstream::context::GetStreamErrorKind;
+                let Ok(c) = async_nats::connect(url).await else {
+                    return false;
+                };
+                // JetStream's own "stream not found" is an answer: it is up.
+                match async_nats::jetstream::new(c).get_stream("up").await {
+                    Ok(_) => true,
+                    Err(e) => matches!(e.kind(), GetStreamErrorKind::JetStream(_)),
+                }
+            }
+        })
+        .await;
+    }
+
+    /// SIGKILL: the server is gone at once, as in a crash or a partition.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// A JetStream context on this server.
+    pub async fn jetstream(&self) -> async_nats::jetstream::Context {
+        async_nats::jetstream::new(async_nats::connect(self.url()).await.unwrap())
+    }
+}
+
+impl Drop for PrivateNats {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

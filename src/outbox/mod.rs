@@ -1,0 +1,161 @@
+//! Claim events for the order system: a transactional outbox relayed to NATS JetStream.
+//!
+//! - **Recorded with the change.** Each event is a row of `outbox`, inserted by the same
+//!   transaction as the ledger change it describes: `claim.won` by the writer's own `issuances`
+//!   insert (one statement: only rows actually inserted produce events, so a redelivered
+//!   journal entry produces none) or by the reprocessor's transaction that finally writes a
+//!   parked claim; `claim.compensated` by the reprocessor's transaction that closes a parked
+//!   claim as compensated, preceded there by the claim's `claim.won` when the ledger never
+//!   recorded it live (every claim's events begin with its creation). Nothing is published from
+//!   the claim path ([`events`], [`store`]).
+//! - **Relayed, leased and fenced** ([`relay`]). Every gateway runs a relay. A relay takes a
+//!   batch of unsent rows with `FOR UPDATE SKIP LOCKED` and a lease (owner, expiry), publishes
+//!   them to JetStream in order with the event id as `Nats-Msg-Id`, awaits the
+//!   acknowledgements, and marks the acknowledged rows sent only while it still owns them. A
+//!   relay that dies or stalls loses its rows when the lease runs out; the next owner
+//!   publishes them again and JetStream's duplicate window drops the copies. A claim's event
+//!   is taken only once its earlier events are sent, so each claim's events reach the stream
+//!   in order however many relays run.
+//! - **NATS down** costs the claim path nothing: rows wait in PostgreSQL, the backlog shows
+//!   in `/readyz` (`outbox`) and `/metrics`, and drains in order when NATS is back.
+//! - `dropgate events tail` ([`tail`]) is the example consumer.
+
+use std::sync::atomic::{AtomicI64, AtomicU8, Ordering};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::error::DbError;
+
+pub mod events;
+pub mod jetstream;
+pub mod relay;
+pub mod store;
+pub mod tail;
+
+pub use events::{EventKind, OutboxRow};
+pub use relay::Relay;
+pub use store::{record, NewEvent};
+
+/// How long a relay owns the rows it took. Longer than one batch can take (its sends, then
+/// [`jetstream::ACK_TIMEOUT`] for the acknowledgements), shorter than anyone should wait for a
+/// dead gateway's rows.
+pub const LEASE: Duration = Duration::from_secs(10);
+
+/// A relay's failure. Every one leaves the rows unsent (or acknowledged and to be marked), to
+/// be tried again.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error(transparent)]
+    Db(#[from] DbError),
+    /// The NATS connection is down (the client keeps reconnecting).
+    #[error("nats is unreachable")]
+    Unreachable,
+    /// JetStream answered that no stream takes the subject (deleted, or never created).
+    #[error("no JetStream stream takes the event subjects")]
+    NoStream,
+    /// Finding or creating the stream failed.
+    #[error("jetstream stream: {0}")]
+    Stream(String),
+    /// A publish or its acknowledgement failed (timed out, connection lost).
+    #[error("publish: {0}")]
+    Publish(String),
+    /// The NATS address cannot be used at all.
+    #[error("nats configuration: {0}")]
+    Config(String),
+}
+
+impl RelayError {
+    /// Whether the same work may succeed later without anyone changing the configuration.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            RelayError::Db(e) => e.is_retryable(),
+            RelayError::Unreachable | RelayError::Publish(_) => true,
+            // A stream may be created (by this relay, next round) or fixed by an operator.
+            RelayError::NoStream | RelayError::Stream(_) => true,
+            RelayError::Config(_) => false,
+        }
+    }
+}
+
+/// How the relay of this gateway is doing, for `/readyz`. Written by the relay, read by
+/// requests: atomics, never a lock on the request path.
+pub struct OutboxStatus {
+    /// Unsent events of all gateways at the last sample; -1 before the first.
+    backlog: AtomicI64,
+    /// Age of the oldest unsent event in ms at the last sample; -1 when none.
+    oldest_ms: AtomicI64,
+    nats: AtomicU8,
+}
+
+/// The state of the relay's NATS side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum NatsState {
+    /// `DROPGATE_NATS_URL` is not set: events wait in the outbox.
+    NotConfigured = 0,
+    /// The last round published (or had nothing to publish).
+    Ok = 1,
+    /// Not connected; the client keeps reconnecting.
+    Unreachable = 2,
+    /// Connected, and publishing fails (no stream, no acknowledgements).
+    Failing = 3,
+}
+
+impl NatsState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NatsState::NotConfigured => "not_configured",
+            NatsState::Ok => "ok",
+            NatsState::Unreachable => "unreachable",
+            NatsState::Failing => "failing",
+        }
+    }
+}
+
+/// What `/readyz` shows under `outbox`. Readiness never depends on it: a gateway with NATS
+/// down still takes claims.
+#[derive(Debug, Serialize)]
+pub struct OutboxReport {
+    pub backlog: Option<i64>,
+    pub oldest_unsent_seconds: Option<f64>,
+    pub nats: &'static str,
+}
+
+impl Default for OutboxStatus {
+    fn default() -> Self {
+        OutboxStatus {
+            backlog: AtomicI64::new(-1),
+            oldest_ms: AtomicI64::new(-1),
+            nats: AtomicU8::new(NatsState::NotConfigured as u8),
+        }
+    }
+}
+
+impl OutboxStatus {
+    pub fn report(&self) -> OutboxReport {
+        let backlog = self.backlog.load(Ordering::Relaxed);
+        let oldest = self.oldest_ms.load(Ordering::Relaxed);
+        let nats = match self.nats.load(Ordering::Relaxed) {
+            1 => NatsState::Ok,
+            2 => NatsState::Unreachable,
+            3 => NatsState::Failing,
+            _ => NatsState::NotConfigured,
+        };
+        OutboxReport {
+            backlog: (backlog >= 0).then_some(backlog),
+            oldest_unsent_seconds: (oldest >= 0).then(|| oldest as f64 / 1000.0),
+            nats: nats.as_str(),
+        }
+    }
+
+    fn set_backlog(&self, events: i64, oldest: Option<f64>) {
+        self.backlog.store(events, Ordering::Relaxed);
+        let ms = oldest.map_or(-1, |s| (s.max(0.0) * 1000.0) as i64);
+        self.oldest_ms.store(ms, Ordering::Relaxed);
+    }
+
+    fn set_nats(&self, state: NatsState) {
+        self.nats.store(state as u8, Ordering::Relaxed);
+    }
+}
