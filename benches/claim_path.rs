@@ -119,7 +119,7 @@ impl Fixture {
             &keys,
             true,
             TOTAL,
-            PER_USER_LIMIT,
+            &scripts::Terms::limit(PER_USER_LIMIT),
             &uuid::Uuid::nil(),
         )
         .await

@@ -50,6 +50,8 @@ fn winners(n: usize) -> Vec<Winner> {
                 remaining_after: Some(1_000_000 - (seq % 1_000_000) as i64),
                 created_ms: now,
                 seq: seq as i64,
+                expires_ms: None,
+                offer: false,
             }
         })
         .collect()

@@ -2,8 +2,14 @@
 --
 -- KEYS[1]  the SKU state hash <prefix>:{<sku>}:state
 -- KEYS[2]  the winners' journal <prefix>:{<sku>}:journal
+-- KEYS[3]  holds <prefix>:{<sku>}:holds
+-- KEYS[4]  waitlist entries <prefix>:{<sku>}:wl:entries
 -- ARGV[1]  consumer group ("writers")
--- ARGV[2k], ARGV[2k+1] for k >= 1: a stream entry id and the units it carries
+-- ARGV[2]  n, the number of entries
+-- ARGV[3 + 2k], ARGV[4 + 2k] for k < n: a stream entry id and the units it carries (negative
+--          for a cancel or expiry, whose units came back to Redis before it was written)
+-- ARGV[3 + 2n ..]: ids of holds and waitlist entries whose final status PostgreSQL now holds:
+--          their records are dropped (a later confirm, cancel or GET reads PostgreSQL)
 --
 -- Returns the number of entries acknowledged by this call.
 --
@@ -12,15 +18,20 @@
 -- oldest entry still pending or not yet delivered, so it holds only winners not yet written
 -- (one XTRIM per batch instead of one XDEL per entry). The state hash is never created here.
 local state, journal, group = KEYS[1], KEYS[2], ARGV[1]
+local n = tonumber(ARGV[2])
 local acked, units = 0, 0
-for i = 2, #ARGV, 2 do
+for i = 3, 2 + 2 * n, 2 do
   if redis.call('XACK', journal, group, ARGV[i]) == 1 then
     acked = acked + 1
     units = units + tonumber(ARGV[i + 1])
   end
 end
-if units > 0 and redis.call('EXISTS', state) == 1 then
+if units ~= 0 and redis.call('EXISTS', state) == 1 then
   redis.call('HINCRBY', state, 'inflight', -units)
+end
+for i = 3 + 2 * n, #ARGV do
+  redis.call('HDEL', KEYS[3], ARGV[i])
+  redis.call('HDEL', KEYS[4], ARGV[i])
 end
 -- Everything below the floor is delivered and acknowledged: the oldest pending entry, or,
 -- with none pending, the entry after the last one delivered to the group.

@@ -1,9 +1,8 @@
 -- compensate.lua: fence a parked claim for one reprocessor, or give its units back.
 --
--- KEYS[1]  the SKU state hash <prefix>:{<sku>}:state
--- KEYS[2]  per-user unit counts <prefix>:{<sku>}:users
--- KEYS[3]  the claim's marker <prefix>:{<sku>}:comp:<claim_id>
--- KEYS[4]  the claim's idempotency record (the marker key again when the claim had none)
+-- KEYS[1..8] the lifecycle keys of the SKU (see lib/lifecycle.lua)
+-- KEYS[9]  the claim's marker <prefix>:{<sku>}:comp:<claim_id>
+-- KEYS[10] the claim's idempotency record (the marker key again when the claim had none)
 -- ARGV[1]  mode: "fence" (before an attempt) or "give" (after the last attempt failed)
 -- ARGV[2]  the reprocessor's owner token
 -- ARGV[3]  user id
@@ -13,15 +12,18 @@
 --
 -- Returns
 --   fence: 1 when the marker now names this owner, 0 when the claim is already compensated.
---   give:  1 when the units were given back now, 0 when already compensated, -2 when another
+--   give:  1 when the units were given back now (to the waitlist's head first), 0 when already
+--          compensated, 3 when the claim was a hold that already ended as cancelled or
+--          expired (its units came back then; only the marker is set now), -2 when another
 --          owner fenced the claim since (this one's lease is stale: nothing changes), -1 when
 --          the SKU state is missing or marked stale (nothing changes; compensate after a
 --          restore).
 --
 -- Invariant: a claim's units come back at most once, and only by the reprocessor that fenced
 -- it last, so a stale lease holder can neither give back twice nor give back a claim that a
--- newer owner is writing.
-local state, users, marker, idem = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+-- newer owner is writing. A hold's units come back once whichever ends it: its expiry, a
+-- cancel, or this compensation.
+local state, users, marker, idem = KEYS[1], KEYS[2], KEYS[9], KEYS[10]
 local mode, token = ARGV[1], ARGV[2]
 local current = redis.call('GET', marker)
 if current == 'compensated' then
@@ -39,11 +41,20 @@ if not cur[1] or cur[2] then
   return -1
 end
 local user, units, id = ARGV[3], tonumber(ARGV[4]), ARGV[5]
-redis.call('HINCRBY', state, 'stock', units)
-redis.call('HINCRBY', state, 'seq', 1)
-if redis.call('HINCRBY', users, user, -units) <= 0 then
-  redis.call('HDEL', users, user)
+local code = 1
+local h = unpack_hold(redis.call('HGET', KEYS[4], id))
+local now, seq = redis_now(), tonumber(redis.call('HGET', state, 'seq') or '0')
+if h and (h.status == 'cancelled' or h.status == 'expired') then
+  code = 3
+elseif h and h.status ~= 'compensated' then
+  seq = end_hold(id, h, 'compensated', now, seq)
+else
+  if redis.call('HINCRBY', users, user, -units) <= 0 then
+    redis.call('HDEL', users, user)
+  end
+  seq = give_back(units, now, bump(seq))
 end
+redis.call('HSET', state, 'seq', seq)
 if idem ~= marker then
   -- A retry under the same key must be decided afresh, not replay a claim that was undone.
   local record = redis.call('GET', idem)
@@ -52,4 +63,4 @@ if idem ~= marker then
   end
 end
 redis.call('SET', marker, 'compensated', 'EX', tonumber(ARGV[6]))
-return 1
+return code

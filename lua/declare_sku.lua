@@ -9,26 +9,36 @@
 --          answer was lost recognises its own seed, and a state stamped by anyone else (a
 --          catalog that was reset, a shared prefix) is never adopted
 --
--- Returns 1 when the stock was seeded now; 0 when the state was already there (only the limit
--- changed); -1 in "update" mode when the state is missing (Redis lost it; see restore); -2 in
+-- Returns 1 when the stock was seeded now; 0 when the state was already there (only the limit,
+-- the hold and offer times and the window changed); -1 in "update" mode when the state is missing (Redis lost it; see restore); -2 in
 -- "seed" mode when a state stamped with another declare id is present (nothing changes).
 --
 -- Invariant: stock is written only when the state hash does not exist, so a re-declare or a
 -- restart of every gateway never re-sells units already sold, and stock nobody declared in
 -- this catalog is never sold as this catalog's.
 local state, journal = KEYS[1], KEYS[2]
+local function terms()
+  redis.call('HSET', state, 'limit', ARGV[3], 'hold_ms', ARGV[5], 'offer_ms', ARGV[6])
+  for i, field in ipairs({'opens_ms', 'closes_ms'}) do
+    if ARGV[6 + i] == '' then
+      redis.call('HDEL', state, field)
+    else
+      redis.call('HSET', state, field, ARGV[6 + i])
+    end
+  end
+end
 if redis.call('EXISTS', state) == 1 then
   if ARGV[1] == 'seed' and redis.call('HGET', state, 'declare') ~= ARGV[4] then
     return -2
   end
-  redis.call('HSET', state, 'limit', ARGV[3])
+  terms()
   return 0
 end
 if ARGV[1] ~= 'seed' then
   return -1
 end
-redis.call('HSET', state, 'stock', ARGV[2], 'limit', ARGV[3], 'inflight', 0, 'seq', 0,
-  'declare', ARGV[4])
+redis.call('HSET', state, 'stock', ARGV[2], 'inflight', 0, 'seq', 0, 'declare', ARGV[4])
+terms()
 -- The group starts at 0 so entries appended before any writer connects are still delivered.
 pcall(redis.call, 'XGROUP', 'CREATE', journal, 'writers', '0', 'MKSTREAM')
 return 1

@@ -17,7 +17,8 @@ local fenced = false
 for i = 2, #ARGV do
   local record = redis.call('HGET', records, ARGV[i])
   if record and record ~= 'void' then
-    out[#out + 1] = tonumber(record)
+    -- "remaining|quantity|len(user)|user" (claim.lua)
+    out[#out + 1] = tonumber(string.match(record, '^(-?%d+)'))
   else
     if not record then
       redis.call('HSET', records, ARGV[i], 'void')

@@ -1,7 +1,7 @@
 -- restock.lua: add a (possibly negative) delta to a SKU's remaining stock, once per operation.
 --
--- KEYS[1]  the SKU state hash <prefix>:{<sku>}:state
--- KEYS[2]  the operation's marker <prefix>:{<sku>}:restock:<op_id>
+-- KEYS[1..8] the lifecycle keys of the SKU (see lib/lifecycle.lua)
+-- KEYS[9]  the operation's marker <prefix>:{<sku>}:restock:<op_id>
 -- ARGV[1]  mode: "apply", or "resolve" (after an apply whose answer never came)
 -- ARGV[2]  delta (integer)
 -- ARGV[3]  marker TTL in seconds
@@ -28,8 +28,9 @@
 -- retried or late apply finds the marker, and resolve answers an uncertain apply by reading
 -- (fencing it when absent) rather than by sending the delta again. An operator whose lock is
 -- gone never moves a state a newer operator has touched, and no restock moves a state that
--- is behind the ledger.
-local state, marker = KEYS[1], KEYS[2]
+-- is behind the ledger. Units added go to the waitlist's head first (give_back): open stock
+-- gets only what nobody waits for.
+local state, marker = KEYS[1], KEYS[9]
 local epoch = tonumber(ARGV[4])
 local cur = redis.call('HMGET', state, 'stock', 'seq', 'stale', 'epoch')
 -- What already happened to this operation is reported to anyone, whatever their epoch: a
@@ -68,7 +69,14 @@ if after < 0 then
   return {0, stock, seq}
 end
 seq = seq + 1
-redis.call('HSET', state, 'stock', after, 'seq', seq)
+local delta = tonumber(ARGV[2])
+if delta > 0 then
+  seq = give_back(delta, redis_now(), seq)
+  after = tonumber(redis.call('HGET', state, 'stock'))
+else
+  redis.call('HSET', state, 'stock', after)
+end
+redis.call('HSET', state, 'seq', seq)
 -- The marker holds the sequence this operation produced, so a read-back can report it.
 redis.call('SET', marker, seq, 'EX', tonumber(ARGV[3]))
 return {1, after, seq}

@@ -10,6 +10,9 @@
 -- ARGV[3]  the state sequence to start from (above every sequence PostgreSQL recorded)
 -- ARGV[4]  the catalog row's declare id
 -- ARGV[5]  the restore's operator epoch, stamped on the state
+-- ARGV[6]  hold_ms, ARGV[7] offer_ms, ARGV[8] opens_ms, ARGV[9] closes_ms ("" for none): the
+--          SKU's terms, so no claim decides on a state without them
+-- ARGV[10] the waitlist's highest join order (the caller restored the line before this call)
 --
 -- Returns 1 when restored, 0 when a state is present (nothing changes).
 --
@@ -28,5 +31,8 @@ else
 end
 pcall(redis.call, 'XGROUP', 'CREATE', journal, 'writers', '0', 'MKSTREAM')
 redis.call('HSET', state, 'stock', ARGV[1], 'limit', ARGV[2], 'inflight', 0, 'seq', ARGV[3],
-  'declare', ARGV[4], 'epoch', ARGV[5])
+  'declare', ARGV[4], 'epoch', ARGV[5], 'hold_ms', ARGV[6], 'offer_ms', ARGV[7],
+  'wl_order', ARGV[10])
+if ARGV[8] ~= '' then redis.call('HSET', state, 'opens_ms', ARGV[8]) end
+if ARGV[9] ~= '' then redis.call('HSET', state, 'closes_ms', ARGV[9]) end
 return 1

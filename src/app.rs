@@ -14,6 +14,7 @@ use crate::catalog::Catalog;
 use crate::claims::ClaimService;
 use crate::config::Config;
 use crate::freshness::{Marks, Refresher};
+use crate::lifecycle::expiry::Expirer;
 use crate::observe::{FailClosed, Observer};
 use crate::outbox::{OutboxStatus, Relay};
 use crate::reprocess::Reprocessor;
@@ -48,6 +49,8 @@ pub struct Application {
     writer: Writer,
     reprocessor: Reprocessor,
     refresher: Refresher,
+    /// Expires due holds (and lapsed offers) of this gateway's share of the SKUs.
+    expirer: Expirer,
     observer: Observer,
     relay: Relay,
     config: Config,
@@ -115,6 +118,11 @@ impl Application {
             db: db.clone(),
             marks,
         };
+        let expirer = Expirer {
+            store: store.clone(),
+            db: db.clone(),
+            owner: uuid::Uuid::new_v4(),
+        };
         let observer = Observer::new(
             store.clone(),
             state.catalog.clone(),
@@ -139,6 +147,7 @@ impl Application {
             writer,
             reprocessor,
             refresher,
+            expirer,
             observer,
             relay,
             config,
@@ -168,6 +177,7 @@ impl Application {
         let writer = tokio::spawn(self.writer.run(background.clone()));
         let reprocessor = tokio::spawn(self.reprocessor.run(background.clone()));
         let refresher = tokio::spawn(self.refresher.run(background.clone()));
+        let expirer = tokio::spawn(self.expirer.run(background.clone()));
         let settler = tokio::spawn(self.state.claims.settler().run(background.clone()));
         let observer = tokio::spawn(self.observer.run(background.clone()));
         // Stopped after the writer and the reprocessor, so its flush publishes what they
@@ -199,6 +209,7 @@ impl Application {
             let _ = writer.await;
             let _ = reprocessor.await;
             let _ = refresher.await;
+            let _ = expirer.await;
             let _ = settler.await;
             let _ = observer.await;
             relay_stop.cancel();

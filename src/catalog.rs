@@ -57,6 +57,17 @@ pub struct Sku {
     /// Stamped on the Redis state this row seeded.
     #[serde(skip)]
     pub declare_id: uuid::Uuid,
+    /// How long a waitlist offer is held.
+    #[serde(skip)]
+    pub offer_seconds: i32,
+    /// The sale window (Redis's clock decides).
+    #[serde(skip)]
+    pub opens_at: Option<chrono::DateTime<chrono::Utc>>,
+    #[serde(skip)]
+    pub closes_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Carried in every id minted for this SKU (see [`crate::ids`]).
+    #[serde(skip)]
+    pub tag: i32,
 }
 
 enum Entry {
@@ -232,13 +243,30 @@ impl Catalog {
     pub fn db(&self) -> &PgPool {
         &self.db
     }
+
+    /// The SKU whose tag an id carries (see [`crate::ids`]); cached like ids are.
+    ///
+    /// # Errors
+    /// The database error.
+    pub async fn by_tag(&self, tag: i32) -> Result<Option<Arc<Sku>>, CatalogError> {
+        let sku: Option<String> = sqlx::query_scalar("SELECT sku FROM skus WHERE tag = $1")
+            .bind(tag)
+            .fetch_optional(&self.db)
+            .await
+            .map_err(DbError::from)?;
+        match sku {
+            Some(sku) => self.get(&sku).await,
+            None => Ok(None),
+        }
+    }
 }
 
 /// # Errors
 /// The database error.
 pub async fn fetch(db: &PgPool, sku: &str) -> Result<Option<Sku>, DbError> {
     Ok(sqlx::query_as::<_, Sku>(
-        "SELECT sku, total, per_user_limit, hold_seconds, seeded, redis_seq, declare_id
+        "SELECT sku, total, per_user_limit, hold_seconds, seeded, redis_seq, declare_id,
+                offer_seconds, opens_at, closes_at, tag
            FROM skus WHERE sku = $1",
     )
     .bind(sku)

@@ -40,6 +40,9 @@ pub enum Outcome {
     KeyReused,
     /// Shed before reaching Redis: too many claims already wait on this SKU. Nothing moved.
     Shed,
+    /// The sale window has not opened / has closed (Redis's clock).
+    NotOpen,
+    Closed,
 }
 
 /// A winning claim, as the 201 body shows it.
@@ -49,6 +52,8 @@ pub struct WonClaim {
     pub quantity: u32,
     /// Stock left right after this claim won.
     pub remaining: i64,
+    /// When the hold expires (unix ms); `None` for a claim final at once.
+    pub expires_ms: Option<i64>,
 }
 
 type Reply = oneshot::Sender<Result<Decision, StoreError>>;
@@ -103,7 +108,8 @@ impl ClaimService {
         self.settler.clone()
     }
 
-    /// Decides one claim. `mark` is the SKU's high-water mark as the catalog last read it.
+    /// Decides one claim. `mark` is the SKU's high-water mark as the catalog last read it;
+    /// `tag` its catalog tag, carried in the claim id (see [`crate::ids`]).
     ///
     /// # Errors
     /// A [`StoreError`] when Redis did not decide. [`StoreError::OutcomeUnknown`] when the call
@@ -113,6 +119,7 @@ impl ClaimService {
         &self,
         sku: &str,
         mark: i64,
+        tag: i32,
         user: &str,
         quantity: u32,
         idempotency_key: Option<String>,
@@ -120,7 +127,7 @@ impl ClaimService {
         let started = Instant::now();
         self.marks.observe(sku, mark);
         let input = ClaimInput {
-            claim_id: Uuid::now_v7(),
+            claim_id: crate::ids::mint(tag),
             user: user.to_string(),
             quantity,
             idempotency_key,
@@ -144,24 +151,35 @@ impl ClaimService {
             Err(e) => return Err(e),
         };
         let outcome = match decision {
-            Decision::Won { remaining } => {
+            Decision::Won {
+                remaining,
+                expires_ms,
+            } => {
                 self.writer.won(sku);
+                if expires_ms.is_some() {
+                    crate::lifecycle::expiry::count_decision("created");
+                }
                 Outcome::Won(WonClaim {
                     claim_id,
                     quantity,
                     remaining,
+                    expires_ms,
                 })
             }
             Decision::Replay {
                 claim_id,
                 quantity,
                 remaining,
+                expires_ms,
                 ..
             } => Outcome::Replayed(WonClaim {
                 claim_id,
                 quantity,
                 remaining,
+                expires_ms,
             }),
+            Decision::NotOpen => Outcome::NotOpen,
+            Decision::Closed => Outcome::Closed,
             Decision::SoldOut { .. } => Outcome::SoldOut,
             Decision::LimitReached { .. } => Outcome::LimitReached,
             Decision::KeyReused => Outcome::KeyReused,
@@ -281,7 +299,11 @@ async fn resolve(store: &Store, keys: &SkuKeys, ids: &[Uuid]) -> Vec<Result<Deci
             return answers
                 .into_iter()
                 .map(|a| match a {
-                    Some(remaining) => Ok(Decision::Won { remaining }),
+                    // A read-back cannot tell a hold's expiry: the claim's GET shows it.
+                    Some(remaining) => Ok(Decision::Won {
+                        remaining,
+                        expires_ms: None,
+                    }),
                     // Fenced: the claim did not and now cannot win. Nothing moved.
                     None => Err(StoreError::Unavailable(
                         "no answer from redis; the claim was fenced and moved nothing".into(),

@@ -59,7 +59,9 @@ impl Marks {
 }
 
 /// Checks a written batch of winners of `sku` for sequences PostgreSQL already held for other
-/// claims, and raises the SKU's mark to the batch's highest. Returns the new mark.
+/// claims, and raises the SKU's mark to the batch's highest (`lifecycle_seq`: the highest
+/// sequence of the batch's hold and waitlist records, which name no new claim). Returns the
+/// new mark.
 ///
 /// # Errors
 /// The database error (the batch is written; the caller retries the check with the next one).
@@ -69,11 +71,13 @@ pub async fn record_batch(
     marks: &Marks,
     sku: &str,
     written: &[(i64, uuid::Uuid)],
+    lifecycle_seq: Option<i64>,
 ) -> Result<i64, DbError> {
     let (seqs, ids): (Vec<i64>, Vec<uuid::Uuid>) = written.iter().copied().unzip();
     let (clashes, mark): (i64, i64) = sqlx::query_as(
         "WITH batch AS (SELECT * FROM UNNEST($2::int8[], $3::uuid[]) AS t(seq, claim_id)),
-              mark AS (UPDATE skus SET redis_seq = GREATEST(redis_seq, (SELECT max(seq) FROM batch))
+              mark AS (UPDATE skus SET redis_seq = GREATEST(redis_seq, (SELECT max(seq) FROM batch),
+                                                            $4::int8)
                         WHERE sku = $1 RETURNING redis_seq)
          SELECT (SELECT count(*) FROM issuances i JOIN batch b
                    ON i.sku = $1 AND i.seq = b.seq AND i.claim_id <> b.claim_id),
@@ -82,6 +86,7 @@ pub async fn record_batch(
     .bind(sku)
     .bind(&seqs)
     .bind(&ids)
+    .bind(lifecycle_seq)
     .fetch_one(db)
     .await?;
     marks.observe(sku, mark);

@@ -118,6 +118,17 @@ impl SkuLock {
     }
 }
 
+/// What a declare sets besides the total (and may change on an existing SKU).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkuTerms {
+    pub per_user_limit: i32,
+    pub hold_seconds: i32,
+    /// 0: offers are held `hold_seconds` (see [`scripts::Terms::of`]).
+    pub offer_seconds: i32,
+    pub opens_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub closes_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
 /// Declares a SKU, seeding its stock in Redis only if absent.
 ///
 /// The stock is seeded only while the catalog has never seen Redis hold it, the ledger holds
@@ -132,19 +143,23 @@ pub async fn declare(
     catalog: &Catalog,
     sku: &str,
     total: i64,
-    per_user_limit: i32,
-    hold_seconds: i32,
+    terms: &SkuTerms,
 ) -> Result<Declaration, InventoryError> {
     let db = catalog.db();
     let _lock = SkuLock::acquire(db, sku).await?;
     let inserted = sqlx::query(
-        "INSERT INTO skus (sku, total, per_user_limit, hold_seconds) VALUES ($1, $2, $3, $4)
+        "INSERT INTO skus (sku, total, per_user_limit, hold_seconds, offer_seconds, opens_at,
+                           closes_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
          ON CONFLICT (sku) DO NOTHING",
     )
     .bind(sku)
     .bind(total)
-    .bind(per_user_limit)
-    .bind(hold_seconds)
+    .bind(terms.per_user_limit)
+    .bind(terms.hold_seconds)
+    .bind(terms.offer_seconds)
+    .bind(terms.opens_at)
+    .bind(terms.closes_at)
     .execute(db)
     .await?
     .rows_affected()
@@ -157,15 +172,22 @@ pub async fn declare(
             return Err(InventoryError::Refused(Refusal::SkuExists));
         }
         sqlx::query(
-            "UPDATE skus SET per_user_limit = $2, hold_seconds = $3, updated_at = now()
+            "UPDATE skus SET per_user_limit = $2, hold_seconds = $3, offer_seconds = $4,
+                    opens_at = $5, closes_at = $6, updated_at = now()
              WHERE sku = $1",
         )
         .bind(sku)
-        .bind(per_user_limit)
-        .bind(hold_seconds)
+        .bind(terms.per_user_limit)
+        .bind(terms.hold_seconds)
+        .bind(terms.offer_seconds)
+        .bind(terms.opens_at)
+        .bind(terms.closes_at)
         .execute(db)
         .await?;
     }
+    let row = catalog::fetch(db, sku)
+        .await?
+        .ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
     let seed = !row.seeded && row.redis_seq == 0 && !ledger_has_claims(db, sku).await?;
     let keys = store.keys(sku);
     let mut con = store.hot();
@@ -177,7 +199,7 @@ pub async fn declare(
             &keys,
             seed,
             total,
-            per_user_limit,
+            &scripts::Terms::of(&row),
             &row.declare_id,
         ))
         .await?;

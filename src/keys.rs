@@ -72,6 +72,52 @@ impl SkuKeys {
         format!("{}restock:{}", self.head, op_id.simple())
     }
 
+    /// Holds: claim id to hold record (`lua/lib/lifecycle.lua`), kept until the writer has
+    /// written the hold's final status.
+    pub fn holds(&self) -> String {
+        format!("{}holds", self.head)
+    }
+
+    /// Sorted set of the holds still `held`, by expires_ms: what the expiry worker reads.
+    pub fn expiry(&self) -> String {
+        format!("{}expiry", self.head)
+    }
+
+    /// Which gateway's expiry worker serves this SKU now (spares duplicate work only).
+    pub fn expiry_lease(&self) -> String {
+        format!("{}expiry:lease", self.head)
+    }
+
+    /// The waitlist's line: sorted set of waiting entry ids by join order.
+    pub fn waitlist(&self) -> String {
+        format!("{}wl", self.head)
+    }
+
+    /// Waitlist entries: entry id to entry record.
+    pub fn waitlist_entries(&self) -> String {
+        format!("{}wl:entries", self.head)
+    }
+
+    /// Waitlist members: user id to that user's current entry id.
+    pub fn waitlist_users(&self) -> String {
+        format!("{}wl:users", self.head)
+    }
+
+    /// The eight lifecycle keys, in the order every lifecycle script takes them as
+    /// `KEYS[1..8]` (see `lua/lib/lifecycle.lua`).
+    pub fn lifecycle(&self) -> [String; 8] {
+        [
+            self.state(),
+            self.users(),
+            self.journal(),
+            self.holds(),
+            self.expiry(),
+            self.waitlist(),
+            self.waitlist_entries(),
+            self.waitlist_users(),
+        ]
+    }
+
     /// Marker that a claim's units were given back, so compensation happens once.
     pub fn compensation(&self, claim_id: &uuid::Uuid) -> String {
         format!("{}comp:{}", self.head, claim_id.simple())
@@ -95,7 +141,11 @@ mod tests {
             k.idempotency("u:1", "k{x}"),
             k.compensation(&id),
             k.restock_op(&id),
-        ] {
+            k.expiry_lease(),
+        ]
+        .into_iter()
+        .chain(k.lifecycle())
+        {
             assert!(key.starts_with("dg:{drop-1}:"), "{key}");
         }
     }

@@ -30,13 +30,12 @@ pub struct ClaimRow {
 /// The database error.
 pub async fn find_claim(db: &PgPool, id: Uuid) -> Result<Option<ClaimRow>, DbError> {
     Ok(sqlx::query_as(
-        "SELECT claim_id, sku, user_id AS user, quantity, status,
-                NULL::timestamptz AS expires_at, created_at
+        "SELECT claim_id, sku, user_id AS user, quantity, status, expires_at, created_at
            FROM issuances WHERE claim_id = $1
          UNION ALL
          SELECT claim_id, sku, user_id, quantity,
-                CASE WHEN status = 'compensated' THEN 'compensated' ELSE 'issued' END,
-                NULL::timestamptz, created_at
+                CASE WHEN status = 'compensated' THEN 'compensated' ELSE claim_status END,
+                expires_at, created_at
            FROM persistence_pending WHERE claim_id = $1 AND status <> 'resolved'
          UNION ALL
          SELECT claim_id, sku, COALESCE(user_id, ''), COALESCE(quantity, 0), 'issued',
@@ -118,6 +117,12 @@ pub struct SkuView {
     /// stock and are in no other table, so the balance counts them.
     pub quarantined: i64,
     pub compensated: i64,
+    /// Units of `recorded` still held (not yet confirmed, cancelled or expired), and confirmed.
+    pub held: i64,
+    pub confirmed: i64,
+    /// Waitlist entries waiting, and holding an offer.
+    pub waiting: i64,
+    pub offered: i64,
     /// `total == remaining + recorded + in_flight + pending + quarantined`.
     pub consistent: bool,
 }
@@ -136,6 +141,10 @@ pub struct LedgerSums {
     pub pending: i64,
     pub compensated: i64,
     pub quarantined: i64,
+    pub held: i64,
+    pub confirmed: i64,
+    pub waiting: i64,
+    pub offered: i64,
 }
 
 /// Units by state in the ledger.
@@ -148,14 +157,21 @@ pub async fn ledger_sums(db: &PgPool, sku: &str) -> Result<LedgerSums, DbError> 
            (SELECT COALESCE(SUM(quantity), 0)::bigint FROM issuances
              WHERE sku = $1 AND status IN ('issued', 'held', 'confirmed')) AS recorded,
            (SELECT COALESCE(SUM(quantity), 0)::bigint FROM persistence_pending
-             WHERE sku = $1 AND status IN ('pending', 'reprocessing')) AS pending,
+             WHERE sku = $1 AND status IN ('pending', 'reprocessing')
+               AND claim_status NOT IN ('cancelled', 'expired')) AS pending,
            (SELECT COALESCE(SUM(quantity), 0)::bigint FROM persistence_pending
              WHERE sku = $1 AND status = 'compensated') AS compensated,
            (SELECT COALESCE(SUM(q.quantity), 0)::bigint FROM quarantine q
              WHERE q.sku = $1 AND q.resolved_at IS NULL
                AND NOT EXISTS (SELECT 1 FROM issuances i WHERE i.claim_id = q.claim_id)
                AND NOT EXISTS (SELECT 1 FROM persistence_pending p
-                                WHERE p.claim_id = q.claim_id)) AS quarantined",
+                                WHERE p.claim_id = q.claim_id)) AS quarantined,
+           (SELECT COALESCE(SUM(quantity), 0)::bigint FROM issuances
+             WHERE sku = $1 AND status = 'held') AS held,
+           (SELECT COALESCE(SUM(quantity), 0)::bigint FROM issuances
+             WHERE sku = $1 AND status = 'confirmed') AS confirmed,
+           (SELECT count(*) FROM waitlist WHERE sku = $1 AND status = 'waiting') AS waiting,
+           (SELECT count(*) FROM waitlist WHERE sku = $1 AND status = 'offered') AS offered",
     )
     .bind(sku)
     .fetch_one(db)
@@ -207,6 +223,10 @@ pub async fn view(store: &Store, catalog: &Catalog, sku: &str) -> Result<SkuView
             pending: sums.pending,
             quarantined: sums.quarantined,
             compensated: sums.compensated,
+            held: sums.held,
+            confirmed: sums.confirmed,
+            waiting: sums.waiting,
+            offered: sums.offered,
             consistent,
         };
         if consistent || remaining.is_none() {

@@ -59,6 +59,11 @@ pub const SKU_COMPENSATED: &str = "dropgate_sku_compensated_units";
 pub const SKU_QUARANTINED: &str = "dropgate_sku_quarantined_units";
 pub const SKU_CONSISTENT: &str = "dropgate_sku_consistent";
 pub const SKU_CLOSED: &str = "dropgate_sku_closed";
+pub const SKU_HELD: &str = "dropgate_sku_held_units";
+pub const SKU_CONFIRMED: &str = "dropgate_sku_confirmed_units";
+pub const SKU_GHOST_HOLDS: &str = "dropgate_sku_ghost_holds";
+pub const SKU_WAITLIST: &str = "dropgate_sku_waitlist_length";
+pub const SKU_OFFERED: &str = "dropgate_sku_waitlist_offered";
 
 /// Every `outcome` label of [`CLAIMS`]: the decisions, then the failures a claim is answered.
 const CLAIM_OUTCOMES: &[&str] = &[
@@ -68,6 +73,8 @@ const CLAIM_OUTCOMES: &[&str] = &[
     "limit_reached",
     "key_reused",
     "overloaded",
+    "not_open",
+    "closed",
     "unavailable",
     "outcome_unknown",
 ];
@@ -112,6 +119,7 @@ pub fn handle() -> PrometheusHandle {
 /// Describes every process-wide family and registers it at zero (see the module docs). The
 /// per-SKU gauges appear with the first round of [`crate::observe`].
 fn register() {
+    crate::lifecycle::expiry::register_metrics();
     describe_counter!(
         CLAIMS,
         "Claims answered, by outcome (decisions, and 429/503 answers)"
@@ -217,6 +225,20 @@ fn register() {
         SKU_CONSISTENT,
         "1 when total = remaining + recorded + in_flight + pending + quarantined, 0 when not, NaN when Redis cannot tell"
     );
+    describe_gauge!(SKU_HELD, "Units of the SKU's claims still held (written)");
+    describe_gauge!(
+        SKU_CONFIRMED,
+        "Units of the SKU's confirmed holds (written)"
+    );
+    describe_gauge!(
+        SKU_GHOST_HOLDS,
+        "Holds past their expires_at not yet expired (the expiry worker's backlog)"
+    );
+    describe_gauge!(
+        SKU_WAITLIST,
+        "Entries waiting in the SKU's waitlist (Redis)"
+    );
+    describe_gauge!(SKU_OFFERED, "Waitlist entries holding an offer (written)");
     describe_gauge!(
         SKU_CLOSED,
         "1 while the SKU fails closed, by reason (lost: Redis has no state; stale: older than the ledger)"
@@ -237,6 +259,8 @@ pub fn outcome_label(outcome: &Outcome) -> &'static str {
         Outcome::LimitReached => "limit_reached",
         Outcome::KeyReused => "key_reused",
         Outcome::Shed => "overloaded",
+        Outcome::NotOpen => "not_open",
+        Outcome::Closed => "closed",
     }
 }
 
@@ -325,11 +349,22 @@ pub fn sku_view(v: &SkuView) {
     gauge!(SKU_PENDING, "sku" => sku.clone()).set(v.pending as f64);
     gauge!(SKU_COMPENSATED, "sku" => sku.clone()).set(v.compensated as f64);
     gauge!(SKU_QUARANTINED, "sku" => sku.clone()).set(v.quarantined as f64);
+    gauge!(SKU_HELD, "sku" => sku.clone()).set(v.held as f64);
+    gauge!(SKU_CONFIRMED, "sku" => sku.clone()).set(v.confirmed as f64);
+    gauge!(SKU_OFFERED, "sku" => sku.clone()).set(v.offered as f64);
     let consistent = match (v.remaining, v.in_flight) {
         (Some(_), Some(_)) => f64::from(u8::from(v.consistent)),
         _ => f64::NAN,
     };
     gauge!(SKU_CONSISTENT, "sku" => sku).set(consistent);
+}
+
+/// Ghost holds (past their expires_at, not yet expired) and the waitlist's length, as Redis
+/// has them; NaN when Redis cannot tell.
+pub fn sku_lifecycle(sku: &str, counts: Option<(i64, i64)>) {
+    let (ghosts, line) = counts.map_or((f64::NAN, f64::NAN), |(g, l)| (g as f64, l as f64));
+    gauge!(SKU_GHOST_HOLDS, "sku" => sku.to_string()).set(ghosts);
+    gauge!(SKU_WAITLIST, "sku" => sku.to_string()).set(line);
 }
 
 /// The SKU's Redis side is unknown (Redis unreachable): what depends on it turns NaN.

@@ -204,6 +204,23 @@ impl Observer {
             // No answer: no news either way; the view below turns the Redis side NaN.
             Err(_) => {}
         }
+        // Holds past their time not yet expired (the expiry worker's backlog), and the line.
+        let mut con = self.store.hot();
+        let lifecycle: Result<(i64, i64), StoreError> = self
+            .store
+            .bounded(async {
+                Ok(redis::pipe()
+                    .cmd("ZCOUNT")
+                    .arg(keys.expiry())
+                    .arg("-inf")
+                    .arg(crate::claims::now_ms())
+                    .cmd("ZCARD")
+                    .arg(keys.waitlist())
+                    .query_async(&mut con)
+                    .await?)
+            })
+            .await;
+        m::sku_lifecycle(sku, lifecycle.ok());
         match ledger::view(&self.store, &self.catalog, sku).await {
             Ok(v) => m::sku_view(&v),
             Err(e) => tracing::debug!(sku, error = %e, "observer could not read the SKU view"),

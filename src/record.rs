@@ -2,6 +2,7 @@
 //! the journal entry): `claim_id|quantity|created_ms|remaining|seq|len(user)|user idem`.
 //!
 //! The user id is length-prefixed and the Idempotency-Key is the rest, so either may hold `|`.
+//! A held winner's record is prefixed `h|expires_ms|`.
 
 use uuid::Uuid;
 
@@ -16,10 +17,19 @@ pub struct ClaimRecord {
     pub seq: i64,
     pub user: String,
     pub idempotency_key: Option<String>,
+    /// When the hold expires (Redis's clock, unix ms); `None` for a claim final at once.
+    pub expires_ms: Option<i64>,
 }
 
 impl ClaimRecord {
     pub fn parse(raw: &str) -> Option<ClaimRecord> {
+        let (expires_ms, raw) = match raw.strip_prefix("h|") {
+            Some(rest) => {
+                let (exp, rest) = rest.split_once('|')?;
+                (Some(exp.parse().ok()?), rest)
+            }
+            None => (None, raw),
+        };
         let mut it = raw.splitn(7, '|');
         let claim_id = Uuid::parse_str(it.next()?).ok()?;
         let quantity: u32 = it.next()?.parse().ok()?;
@@ -38,13 +48,17 @@ impl ClaimRecord {
             seq,
             user,
             idempotency_key: (!idem.is_empty()).then(|| idem.to_string()),
+            expires_ms,
         })
     }
 
     /// Renders the record claim.lua would have written (restore rebuilds idempotency records).
     pub fn render(&self) -> String {
+        let held = self
+            .expires_ms
+            .map_or(String::new(), |ms| format!("h|{ms}|"));
         format!(
-            "{}|{}|{}|{}|{}|{}|{}{}",
+            "{held}{}|{}|{}|{}|{}|{}|{}{}",
             self.claim_id,
             self.quantity,
             self.created_ms,
@@ -71,8 +85,15 @@ mod tests {
             seq: 7,
             user: "a|b".into(),
             idempotency_key: Some("k|ey".into()),
+            expires_ms: None,
         };
         assert_eq!(ClaimRecord::parse(&rec.render()), Some(rec.clone()));
+        let held = ClaimRecord {
+            expires_ms: Some(1_700_000_060_000),
+            ..rec.clone()
+        };
+        assert!(held.render().starts_with("h|1700000060000|"));
+        assert_eq!(ClaimRecord::parse(&held.render()), Some(held));
         let bare = ClaimRecord {
             idempotency_key: None,
             ..rec

@@ -23,7 +23,7 @@ use crate::scripts::{self, SCRIPTS};
 use crate::store::Store;
 
 /// Redis writes per pipeline: bounds the memory and the time of each round trip.
-const CHUNK: usize = 5_000;
+pub(crate) const CHUNK: usize = 5_000;
 /// How long a restore waits for the writer to empty the SKU's journal.
 const JOURNAL_DRAIN_LIMIT: Duration = Duration::from_secs(15);
 
@@ -84,6 +84,8 @@ pub async fn restore(
     let new_seq = mark.max(seq.unwrap_or(0)) + 1;
     let staged = keys.users_restore(&uuid::Uuid::new_v4());
     let (units, users) = stage_live_claims(store, &mut con, &keys, &staged, db, sku).await?;
+    let wl_order = crate::lifecycle::restore::stage(store, &mut con, &keys, db, sku).await?;
+    let terms = scripts::Terms::of(&row);
     // The total as it is now, and proof that no newer operator action (which would have taken
     // a newer epoch) has moved it since this restore's lock: a lock lost with its connection
     // would otherwise let a restock finish in between, and the stock computed from a total it
@@ -118,6 +120,11 @@ pub async fn restore(
                 .arg(new_seq)
                 .arg(row.declare_id.to_string())
                 .arg(lock.epoch)
+                .arg(terms.hold_ms)
+                .arg(terms.offer_ms)
+                .arg(terms.opens_ms.map_or(String::new(), |v| v.to_string()))
+                .arg(terms.closes_ms.map_or(String::new(), |v| v.to_string()))
+                .arg(wl_order)
                 .invoke_async(&mut con)
                 .await?)
         })
@@ -187,6 +194,7 @@ async fn stage_live_claims(
          SELECT claim_id, user_id, quantity::bigint, idempotency_key, remaining_after, seq,
                 created_at, true
            FROM persistence_pending WHERE sku = $1 AND status IN ('pending', 'reprocessing')
+            AND claim_status NOT IN ('cancelled', 'expired')
          UNION ALL
          SELECT COALESCE(q.claim_id, '00000000-0000-0000-0000-000000000000'), q.user_id,
                 COALESCE(q.quantity, 0)::bigint, NULL, NULL, NULL, q.created_at, false
@@ -263,6 +271,7 @@ fn count(
                 seq: c.seq.unwrap_or(0),
                 user: user_id,
                 idempotency_key: Some(k),
+                expires_ms: None,
             };
             pipe.set_ex(key, record.render(), RECORD_TTL_SECS).ignore();
             *queued += 1;
@@ -270,7 +279,7 @@ fn count(
     }
 }
 
-async fn flush(
+pub(crate) async fn flush(
     store: &Store,
     con: &mut ConnectionManager,
     pipe: &mut redis::Pipeline,

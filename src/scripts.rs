@@ -26,18 +26,37 @@ pub struct Scripts {
     pub restore_sku: Script,
     pub mark_stale: Script,
     pub close_sku: Script,
+    pub decide_hold: Script,
+    pub expire_holds: Script,
+    pub join_waitlist: Script,
+    pub leave_waitlist: Script,
+}
+
+/// A script that ends holds or gives units back, with `lua/lib/lifecycle.lua` (functions
+/// only) prepended: one atomic script, its shared parts written once.
+macro_rules! lifecycle_script {
+    ($file:literal) => {
+        Script::new(concat!(
+            include_str!("../lua/lib/lifecycle.lua"),
+            include_str!(concat!("../lua/", $file))
+        ))
+    };
 }
 
 pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     claim: Script::new(include_str!("../lua/claim.lua")),
     resolve_claim: Script::new(include_str!("../lua/resolve_claim.lua")),
     declare_sku: Script::new(include_str!("../lua/declare_sku.lua")),
-    restock: Script::new(include_str!("../lua/restock.lua")),
+    restock: lifecycle_script!("restock.lua"),
     ack_journal: Script::new(include_str!("../lua/ack_journal.lua")),
-    compensate: Script::new(include_str!("../lua/compensate.lua")),
+    compensate: lifecycle_script!("compensate.lua"),
     restore_sku: Script::new(include_str!("../lua/restore_sku.lua")),
     mark_stale: Script::new(include_str!("../lua/mark_stale.lua")),
     close_sku: Script::new(include_str!("../lua/close_sku.lua")),
+    decide_hold: lifecycle_script!("decide_hold.lua"),
+    expire_holds: lifecycle_script!("expire_holds.lua"),
+    join_waitlist: lifecycle_script!("join_waitlist.lua"),
+    leave_waitlist: lifecycle_script!("leave_waitlist.lua"),
 });
 
 /// Loads every script into Redis (SCRIPT LOAD), so the first claim does not pay for it.
@@ -56,6 +75,10 @@ pub async fn load_all<C: ConnectionLike>(con: &mut C) -> Result<(), StoreError> 
         &s.restore_sku,
         &s.mark_stale,
         &s.close_sku,
+        &s.decide_hold,
+        &s.expire_holds,
+        &s.join_waitlist,
+        &s.leave_waitlist,
     ] {
         script.prepare_invoke().load_async(con).await?;
     }
@@ -76,6 +99,8 @@ pub struct ClaimInput {
 pub enum Decision {
     Won {
         remaining: i64,
+        /// When the hold expires (unix ms, Redis's clock); `None`: final at once.
+        expires_ms: Option<i64>,
     },
     /// The same Idempotency-Key won earlier with the same request.
     Replay {
@@ -83,7 +108,12 @@ pub enum Decision {
         quantity: u32,
         remaining: i64,
         created_ms: i64,
+        expires_ms: Option<i64>,
     },
+    /// The sale window has not opened yet.
+    NotOpen,
+    /// The sale window has closed.
+    Closed,
     SoldOut {
         remaining: i64,
     },
@@ -126,6 +156,8 @@ pub async fn claim<C: ConnectionLike>(
         .key(keys.users())
         .key(keys.journal())
         .key(keys.claims_bucket(bucket))
+        .key(keys.holds())
+        .key(keys.expiry())
         .arg(now_ms)
         .arg(RECORD_TTL_SECS)
         .arg(CLAIM_RECORD_TTL_SECS)
@@ -156,19 +188,28 @@ fn parse_claim_reply(reply: Value, n: usize) -> Result<Vec<Decision>, StoreError
             _ => {}
         }
     }
-    if items.len() != 2 * n {
+    if items.len() != 1 + 2 * n {
         return Err(StoreError::Protocol(format!(
             "claim: {} values for {n} claims",
             items.len()
         )));
     }
-    items
+    let expires_ms = match items[0] {
+        Value::Int(0) => None,
+        Value::Int(ms) => Some(ms),
+        ref other => return Err(StoreError::Protocol(format!("claim expiry {other:?}"))),
+    };
+    items[1..]
         .chunks_exact(2)
-        .map(|pair| parse_decision(&pair[0], &pair[1]))
+        .map(|pair| parse_decision(&pair[0], &pair[1], expires_ms))
         .collect()
 }
 
-fn parse_decision(code: &Value, value: &Value) -> Result<Decision, StoreError> {
+fn parse_decision(
+    code: &Value,
+    value: &Value,
+    expires_ms: Option<i64>,
+) -> Result<Decision, StoreError> {
     let bad = || StoreError::Protocol(format!("claim result {code:?} {value:?}"));
     let int = |v: &Value| match v {
         Value::Int(n) => Ok(*n),
@@ -177,6 +218,7 @@ fn parse_decision(code: &Value, value: &Value) -> Result<Decision, StoreError> {
     Ok(match int(code)? {
         1 => Decision::Won {
             remaining: int(value)?,
+            expires_ms,
         },
         2 => {
             let rec = match value {
@@ -189,6 +231,7 @@ fn parse_decision(code: &Value, value: &Value) -> Result<Decision, StoreError> {
                 quantity: rec.quantity,
                 remaining: rec.remaining,
                 created_ms: rec.created_ms,
+                expires_ms: rec.expires_ms,
             }
         }
         3 => Decision::SoldOut {
@@ -197,6 +240,8 @@ fn parse_decision(code: &Value, value: &Value) -> Result<Decision, StoreError> {
         4 => Decision::LimitReached { held: int(value)? },
         5 => Decision::KeyReused,
         6 => Decision::Fenced,
+        7 => Decision::NotOpen,
+        8 => Decision::Closed,
         _ => return Err(bad()),
     })
 }
@@ -241,7 +286,50 @@ pub enum Declared {
     Foreign,
 }
 
-/// Seeds the stock only if absent (`seed`), or updates the limit of a present SKU.
+/// What Redis needs of a SKU's terms: the limit, hold and offer times, the sale window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Terms {
+    pub per_user_limit: i32,
+    pub hold_ms: i64,
+    pub offer_ms: i64,
+    pub opens_ms: Option<i64>,
+    pub closes_ms: Option<i64>,
+}
+
+impl Terms {
+    /// A SKU with only a per-user limit: claims final at once, no sale window.
+    pub fn limit(per_user_limit: i32) -> Terms {
+        Terms {
+            per_user_limit,
+            hold_ms: 0,
+            offer_ms: crate::lifecycle::DEFAULT_OFFER_SECS * 1000,
+            opens_ms: None,
+            closes_ms: None,
+        }
+    }
+
+    /// The terms of a catalog row. An offer is held `offer_seconds`, else `hold_seconds`, else
+    /// [`crate::lifecycle::DEFAULT_OFFER_SECS`]: an offer always leaves time to take it.
+    pub fn of(row: &crate::catalog::Sku) -> Terms {
+        let offer_secs = [i64::from(row.offer_seconds), i64::from(row.hold_seconds)]
+            .into_iter()
+            .find(|s| *s > 0)
+            .unwrap_or(crate::lifecycle::DEFAULT_OFFER_SECS);
+        Terms {
+            per_user_limit: row.per_user_limit,
+            hold_ms: i64::from(row.hold_seconds) * 1000,
+            offer_ms: offer_secs * 1000,
+            opens_ms: row.opens_at.map(|t| t.timestamp_millis()),
+            closes_ms: row.closes_at.map(|t| t.timestamp_millis()),
+        }
+    }
+}
+
+fn opt_ms(ms: Option<i64>) -> String {
+    ms.map_or(String::new(), |v| v.to_string())
+}
+
+/// Seeds the stock only if absent (`seed`), or updates the terms of a present SKU.
 ///
 /// # Errors
 /// The Redis error of the call.
@@ -250,7 +338,7 @@ pub async fn declare_sku<C: ConnectionLike>(
     keys: &SkuKeys,
     seed: bool,
     total: i64,
-    per_user_limit: i32,
+    terms: &Terms,
     declare_id: &Uuid,
 ) -> Result<Declared, StoreError> {
     let r: i64 = SCRIPTS
@@ -259,8 +347,12 @@ pub async fn declare_sku<C: ConnectionLike>(
         .key(keys.journal())
         .arg(if seed { "seed" } else { "update" })
         .arg(total)
-        .arg(per_user_limit)
+        .arg(terms.per_user_limit)
         .arg(declare_id.to_string())
+        .arg(terms.hold_ms)
+        .arg(terms.offer_ms)
+        .arg(opt_ms(terms.opens_ms))
+        .arg(opt_ms(terms.closes_ms))
         .invoke_async(con)
         .await?;
     Ok(match r {
@@ -304,8 +396,10 @@ pub async fn restock<C: ConnectionLike>(
     floor: i64,
 ) -> Result<Restocked, StoreError> {
     let mut inv = SCRIPTS.restock.prepare_invoke();
-    inv.key(keys.state())
-        .key(keys.restock_op(op_id))
+    for k in keys.lifecycle() {
+        inv.key(k);
+    }
+    inv.key(keys.restock_op(op_id))
         .arg(match mode {
             RestockMode::Apply => "apply",
             RestockMode::Resolve => "resolve",

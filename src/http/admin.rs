@@ -16,7 +16,13 @@ struct DeclareBody {
     total: i64,
     per_user_limit: Option<i64>,
     hold_seconds: Option<i64>,
+    offer_seconds: Option<i64>,
+    opens_at: Option<chrono::DateTime<chrono::FixedOffset>>,
+    closes_at: Option<chrono::DateTime<chrono::FixedOffset>>,
 }
+
+/// Longest hold or offer accepted: a week (a checkout, not a reservation system).
+const MAX_HOLD_SECS: i64 = 7 * 24 * 3600;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -48,20 +54,31 @@ pub(super) async fn declare(
             "per_user_limit must be in 1..=1000000".into(),
         ));
     }
-    if hold != 0 {
-        return Err(ApiError::BadRequest(
-            "holds (hold_seconds > 0) are not supported by this version".into(),
-        ));
+    let offer = body.offer_seconds.unwrap_or(0);
+    for (name, v) in [("hold_seconds", hold), ("offer_seconds", offer)] {
+        if !(0..=MAX_HOLD_SECS).contains(&v) {
+            return Err(ApiError::BadRequest(format!(
+                "{name} must be in 0..={MAX_HOLD_SECS}"
+            )));
+        }
     }
-    let d = inventory::declare(
-        &state.store,
-        &state.catalog,
-        sku,
-        body.total,
-        limit as i32,
-        hold as i32,
-    )
-    .await?;
+    let opens_at = body.opens_at.map(|t| t.to_utc());
+    let closes_at = body.closes_at.map(|t| t.to_utc());
+    if let (Some(o), Some(c)) = (opens_at, closes_at) {
+        if c <= o {
+            return Err(ApiError::BadRequest(
+                "closes_at must be later than opens_at".into(),
+            ));
+        }
+    }
+    let terms = inventory::SkuTerms {
+        per_user_limit: limit as i32,
+        hold_seconds: hold as i32,
+        offer_seconds: offer as i32,
+        opens_at,
+        closes_at,
+    };
+    let d = inventory::declare(&state.store, &state.catalog, sku, body.total, &terms).await?;
     let status = if d.created {
         StatusCode::CREATED
     } else {

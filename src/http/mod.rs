@@ -6,6 +6,7 @@
 //! is bounded in [`limits`].
 
 mod admin;
+mod lifecycle;
 mod limits;
 mod problem;
 mod routes;

@@ -30,6 +30,21 @@ pub enum ApiError {
     SkuExists,
     InsufficientStock,
     StatePresent,
+    /// The sale window has not opened / has closed.
+    NotOpen,
+    Closed,
+    /// A confirm (or cancel) of a hold past its expiry.
+    HoldExpired,
+    /// A confirm of a cancelled hold.
+    ClaimCancelled,
+    /// A cancel of a confirmed hold.
+    ClaimConfirmed,
+    /// A confirm or cancel of a claim whose units were given back after PostgreSQL refused it.
+    ClaimCompensated,
+    /// A waitlist join while units remain.
+    InStock,
+    /// No such waitlist entry (or not the caller's).
+    UnknownEntry,
     /// The gateway sheds load: 429 + Retry-After.
     Overloaded,
     /// A connection past `DROPGATE_MAX_CONNECTIONS`: 503 + Retry-After, then closed.
@@ -102,6 +117,34 @@ impl ApiError {
                 StatusCode::CONFLICT,
                 "state_present",
                 "Redis still holds this SKU's state",
+            ),
+            NotOpen => (StatusCode::CONFLICT, "not_open", "The sale has not opened"),
+            Closed => (StatusCode::CONFLICT, "closed", "The sale has closed"),
+            HoldExpired => (StatusCode::CONFLICT, "hold_expired", "The hold has expired"),
+            ClaimCancelled => (
+                StatusCode::CONFLICT,
+                "claim_cancelled",
+                "The claim was cancelled",
+            ),
+            ClaimConfirmed => (
+                StatusCode::CONFLICT,
+                "claim_confirmed",
+                "The claim was confirmed",
+            ),
+            ClaimCompensated => (
+                StatusCode::CONFLICT,
+                "claim_compensated",
+                "The claim could not be recorded and its units were given back",
+            ),
+            InStock => (
+                StatusCode::CONFLICT,
+                "in_stock",
+                "Units remain: claim them instead",
+            ),
+            UnknownEntry => (
+                StatusCode::NOT_FOUND,
+                "unknown_entry",
+                "Unknown waitlist entry",
             ),
             Overloaded => (
                 StatusCode::TOO_MANY_REQUESTS,
@@ -257,6 +300,17 @@ impl From<CatalogError> for ApiError {
 impl From<DbError> for ApiError {
     fn from(e: DbError) -> Self {
         ApiError::Database(e)
+    }
+}
+
+impl From<crate::lifecycle::LifecycleError> for ApiError {
+    fn from(e: crate::lifecycle::LifecycleError) -> Self {
+        use crate::lifecycle::LifecycleError as L;
+        match e {
+            L::Store(e) => e.into(),
+            L::Db(e) => e.into(),
+            L::Catalog(e) => e.into(),
+        }
     }
 }
 

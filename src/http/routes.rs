@@ -10,13 +10,15 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::admin;
 use super::limits::read_body;
 use super::problem::{ApiError, Body};
+use super::{admin, lifecycle};
 use crate::app::AppState;
 use crate::catalog::valid_sku_id;
 use crate::claims::{Outcome, WonClaim};
 use crate::error::StoreError;
+use crate::lifecycle::holds;
+use crate::lifecycle::holds::HoldOp;
 use crate::observe::Closed;
 use crate::settle::Settled;
 use crate::{ledger, metrics as m};
@@ -39,6 +41,22 @@ async fn route(state: &AppState, req: Request<Incoming>) -> Result<Response<Body
         (["v1", "skus", _, "claims"], _) => Err(ApiError::MethodNotAllowed("POST")),
         (["v1", "claims", id], &Method::GET) => get_claim(state, id, &req).await,
         (["v1", "claims", _], _) => Err(ApiError::MethodNotAllowed("GET")),
+        (["v1", "claims", id, "confirm"], &Method::POST) => {
+            lifecycle::decide_hold(state, id, &req, HoldOp::Confirm).await
+        }
+        (["v1", "claims", id, "cancel"], &Method::POST) => {
+            lifecycle::decide_hold(state, id, &req, HoldOp::Cancel).await
+        }
+        (["v1", "claims", _, "confirm" | "cancel"], _) => Err(ApiError::MethodNotAllowed("POST")),
+        (["v1", "skus", sku, "waitlist"], &Method::POST) => {
+            lifecycle::join_waitlist(state, sku, &req).await
+        }
+        (["v1", "skus", _, "waitlist"], _) => Err(ApiError::MethodNotAllowed("POST")),
+        (["v1", "waitlist", id], &Method::GET) => lifecycle::get_entry(state, id, &req).await,
+        (["v1", "waitlist", id], &Method::DELETE) => {
+            lifecycle::leave_waitlist(state, id, &req).await
+        }
+        (["v1", "waitlist", _], _) => Err(ApiError::MethodNotAllowed("GET, DELETE")),
         (["admin", "skus", sku], &Method::PUT) => admin::declare(state, sku, req).await,
         (["admin", "skus", sku], &Method::GET) => admin::sku_view(state, sku, &req).await,
         (["admin", "skus", _], _) => Err(ApiError::MethodNotAllowed("GET, PUT")),
@@ -101,6 +119,7 @@ async fn claim(state: &AppState, sku: &str, req: Request<Incoming>) -> Result<Re
         .claim(
             sku,
             entry.redis_seq,
+            entry.tag,
             &user,
             quantity as u32,
             idempotency_key,
@@ -116,6 +135,8 @@ async fn claim(state: &AppState, sku: &str, req: Request<Incoming>) -> Result<Re
         Outcome::LimitReached => return Err(ApiError::LimitReached),
         Outcome::KeyReused => return Err(ApiError::KeyReused),
         Outcome::Shed => return Err(ApiError::Overloaded),
+        Outcome::NotOpen => return Err(ApiError::NotOpen),
+        Outcome::Closed => return Err(ApiError::Closed),
     };
     Ok(won_response(sku, &user, &won, replayed))
 }
@@ -186,8 +207,15 @@ fn won_response(sku: &str, user: &str, won: &WonClaim, replayed: bool) -> Respon
             sku,
             user,
             quantity: won.quantity,
-            status: "issued",
-            expires_at: None,
+            status: if won.expires_ms.is_some() {
+                "held"
+            } else {
+                "issued"
+            },
+            expires_at: won
+                .expires_ms
+                .and_then(chrono::DateTime::from_timestamp_millis)
+                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
             remaining: won.remaining,
         },
     );
@@ -215,7 +243,7 @@ async fn get_claim(state: &AppState, id: &str, req: &Request<Incoming>) -> Resul
         )
     };
     let id = Uuid::parse_str(id).map_err(|_| ApiError::UnknownClaim)?;
-    let claim = match ledger::find_claim(state.catalog.db(), id).await? {
+    let claim = match holds::find_claim(&state.store, &state.catalog, id).await? {
         Some(c) => c,
         None => unsettled_claim(state, id, user.as_deref())?,
     };
@@ -245,17 +273,9 @@ fn unsettled_claim(state: &AppState, id: Uuid, user: Option<&str>) -> Result<led
             quantity: c.quantity as i32,
             status: "issued".into(),
             expires_at: None,
-            created_at: uuid_time(&id),
+            created_at: crate::ids::created_at(&id),
         }),
     }
-}
-
-fn uuid_time(id: &Uuid) -> chrono::DateTime<chrono::Utc> {
-    let ms = id.get_timestamp().map_or(0, |t| {
-        let (secs, nanos) = t.to_unix();
-        secs as i64 * 1000 + i64::from(nanos / 1_000_000)
-    });
-    chrono::DateTime::from_timestamp_millis(ms).unwrap_or_default()
 }
 
 // === operations ===

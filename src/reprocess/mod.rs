@@ -47,6 +47,10 @@ pub(crate) struct PendingRow {
     attempts: i32,
     /// The state sequence the claim produced (kept with its row; see [`crate::freshness`]).
     seq: Option<i64>,
+    /// The claim's lifecycle status while parked (`issued`, or a hold's status: the writer
+    /// keeps it current from the journal), written with the row.
+    claim_status: String,
+    expires_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 pub struct Reprocessor {
@@ -99,7 +103,8 @@ impl Reprocessor {
                      LIMIT $3
                      FOR UPDATE SKIP LOCKED)
               RETURNING p.claim_id, p.sku, p.user_id, p.quantity, p.idempotency_key,
-                        p.remaining_after, p.created_at, p.attempts, p.seq",
+                        p.remaining_after, p.created_at, p.attempts, p.seq, p.claim_status,
+                        p.expires_at",
         )
         .bind(self.owner)
         .bind(LEASE_SECS)
@@ -190,7 +195,8 @@ impl Reprocessor {
                 tracing::warn!(claim_id = %row.claim_id, sku = %row.sku, units = row.quantity,
                     attempts, "claim compensated after its last attempt");
             }
-            0 => {}
+            // 3: a hold that had already ended (cancelled, expired): its units came back then.
+            0 | 3 => {}
             -2 => return Ok(()),
             _ => return Err(StoreError::SkuLost.into()),
         }
@@ -249,9 +255,10 @@ impl Reprocessor {
             None => marker.clone(),
         };
         let mut inv = SCRIPTS.compensate.prepare_invoke();
-        inv.key(keys.state())
-            .key(keys.users())
-            .key(&marker)
+        for k in keys.lifecycle() {
+            inv.key(k);
+        }
+        inv.key(&marker)
             .key(idem)
             .arg(mode)
             .arg(self.owner.to_string())

@@ -65,10 +65,17 @@ pub enum Decision {
 
 const INSERT: &str = "INSERT INTO issuances
        (claim_id, sku, user_id, quantity, idempotency_key, remaining_after, created_at, status,
-        seq)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (claim_id) DO NOTHING";
+        seq, expires_at)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (claim_id) DO NOTHING";
 
+/// Writes the row as `status`; "issued" stands for the claim's own lifecycle status (a hold
+/// keeps its status and expiry).
 async fn insert(tx: &mut PgConnection, row: &PendingRow, status: &str) -> Result<u64, DbError> {
+    let status = if status == "issued" {
+        row.claim_status.as_str()
+    } else {
+        status
+    };
     Ok(sqlx::query(INSERT)
         .bind(row.claim_id)
         .bind(&row.sku)
@@ -79,6 +86,7 @@ async fn insert(tx: &mut PgConnection, row: &PendingRow, status: &str) -> Result
         .bind(row.created_at)
         .bind(status)
         .bind(row.seq)
+        .bind(row.expires_at)
         .execute(tx)
         .await?
         .rows_affected())

@@ -17,6 +17,41 @@ pub struct Winner {
     pub created_ms: i64,
     /// The SKU state's sequence this winner produced (see [`crate::freshness`]).
     pub seq: i64,
+    /// A hold's expiry (unix ms); `None` for a claim final at once.
+    pub expires_ms: Option<i64>,
+    /// A waitlist offer (its claim id is the entry id): recorded as `waitlist.offered`.
+    pub offer: bool,
+}
+
+/// A hold's status change (confirmed, cancelled, expired), as the journal holds it.
+#[derive(Debug, Clone)]
+pub struct Change {
+    pub claim_id: Uuid,
+    pub status: String,
+    pub quantity: i32,
+    pub ms: i64,
+    pub seq: i64,
+}
+
+/// A waitlist entry's change (waiting, offered, claimed, expired, left).
+#[derive(Debug, Clone)]
+pub struct WaitChange {
+    pub entry_id: Uuid,
+    pub user: String,
+    pub status: String,
+    /// Join order in the SKU's line.
+    pub order: i64,
+    pub ms: i64,
+    pub seq: i64,
+}
+
+/// A journal entry that carries lifecycle records (and no winner): acknowledged with `units`
+/// (negative: units a cancel or expiry gave back, which leave `inflight`'s negative balance
+/// once the change is written).
+#[derive(Debug, Clone)]
+pub struct Other {
+    pub entry_id: String,
+    pub units: i32,
 }
 
 /// A journal entry that holds no winner this code can read (garbled, or laid out by a newer
@@ -36,11 +71,17 @@ pub struct Unreadable {
 pub struct Batch {
     pub winners: Vec<Winner>,
     pub unreadable: Vec<Unreadable>,
+    /// Hold status changes, in journal order.
+    pub changes: Vec<Change>,
+    /// Waitlist changes, in journal order.
+    pub waits: Vec<WaitChange>,
+    /// Entries without a winner that carried changes.
+    pub others: Vec<Other>,
 }
 
 impl Batch {
     pub fn len(&self) -> usize {
-        self.winners.len() + self.unreadable.len()
+        self.winners.len() + self.unreadable.len() + self.others.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -50,6 +91,9 @@ impl Batch {
     pub(super) fn extend(&mut self, other: Batch) {
         self.winners.extend(other.winners);
         self.unreadable.extend(other.unreadable);
+        self.changes.extend(other.changes);
+        self.waits.extend(other.waits);
+        self.others.extend(other.others);
     }
 
     /// The same entry may come from two reads of one pass; settle it once.
@@ -58,5 +102,15 @@ impl Batch {
         self.winners.dedup_by(|a, b| a.entry_id == b.entry_id);
         self.unreadable.sort_by(|a, b| a.entry_id.cmp(&b.entry_id));
         self.unreadable.dedup_by(|a, b| a.entry_id == b.entry_id);
+        self.others.sort_by(|a, b| a.entry_id.cmp(&b.entry_id));
+        self.others.dedup_by(|a, b| a.entry_id == b.entry_id);
+        // Changes are applied with guards (a hold leaves `held` once, an entry only moves
+        // forward), so a change read twice is harmless; order by sequence keeps journal order.
+        self.changes.sort_by_key(|c| c.seq);
+        self.changes
+            .dedup_by(|a, b| a.seq == b.seq && a.claim_id == b.claim_id);
+        self.waits.sort_by_key(|w| w.seq);
+        self.waits
+            .dedup_by(|a, b| a.seq == b.seq && a.entry_id == b.entry_id);
     }
 }

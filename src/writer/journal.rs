@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use redis::Value;
 
+use super::batch::{Change, Other, WaitChange};
 use super::{Batch, Unreadable, Winner, READ_COUNT};
 use crate::error::StoreError;
 use crate::record::ClaimRecord;
@@ -130,16 +131,46 @@ fn parse_entries(sku: &str, v: Value, out: &mut Batch) {
     };
     for e in entries {
         match parse_entry(sku, e) {
-            Some(Ok(w)) => out.winners.push(w),
+            Some(Ok(p)) => {
+                let units = p.change.as_ref().map_or(0, |c| c.units());
+                match p.winner {
+                    Some(w) => out.winners.push(w),
+                    None => out.others.push(Other {
+                        entry_id: p.entry_id,
+                        units,
+                    }),
+                }
+                out.changes.extend(p.change);
+                out.waits.extend(p.wait);
+            }
             Some(Err(u)) => out.unreadable.push(u),
             None => {}
         }
     }
 }
 
-/// A winner, or the entry as it is when it does not hold one this code can read. `None` for
+/// What one journal entry carries: a winner (field `c`), a hold's status change (`s`), a
+/// waitlist change (`w`), or several (an offer is a winner and its entry's change).
+struct Parsed {
+    entry_id: String,
+    winner: Option<Winner>,
+    change: Option<Change>,
+    wait: Option<WaitChange>,
+}
+
+impl Change {
+    /// The units to acknowledge for it: a cancel or expiry gave its units back in Redis.
+    fn units(&self) -> i32 {
+        match self.status.as_str() {
+            "cancelled" | "expired" => -self.quantity,
+            _ => 0,
+        }
+    }
+}
+
+/// The entry, or the entry as it is when it holds something this code cannot read. `None` for
 /// a reply that is no entry at all (an id without fields: deleted since it was delivered).
-fn parse_entry(sku: &str, v: Value) -> Option<Result<Winner, Unreadable>> {
+fn parse_entry(sku: &str, v: Value) -> Option<Result<Parsed, Unreadable>> {
     let Value::Array(mut parts) = v else {
         return None;
     };
@@ -150,30 +181,94 @@ fn parse_entry(sku: &str, v: Value) -> Option<Result<Winner, Unreadable>> {
         return None;
     };
     let entry_id = as_string(parts.pop()?)?;
-    let packed = fields
-        .chunks(2)
-        .find(|kv| as_bytes(&kv[0]) == Some(b"c".as_slice()))
-        .and_then(|kv| kv.get(1))
-        .and_then(as_bytes);
-    let parsed = packed
-        .and_then(|c| std::str::from_utf8(c).ok())
-        .and_then(|c| parse_packed(sku, entry_id.clone(), c));
-    Some(parsed.ok_or_else(|| {
-        // What can still be made out, so the quarantine row is found by claim and counted.
-        let mut head = packed.unwrap_or_default().splitn(3, |b| *b == b'|');
-        let claim_id = head.next().and_then(|c| Uuid::try_parse_ascii(c).ok());
-        let units = head
-            .next()
-            .and_then(|q| std::str::from_utf8(q).ok())
-            .and_then(|q| q.parse::<i32>().ok())
-            .filter(|q| *q > 0);
-        Unreadable {
+    let field = |name: &[u8]| {
+        fields
+            .chunks(2)
+            .find(|kv| as_bytes(&kv[0]) == Some(name))
+            .and_then(|kv| kv.get(1))
+            .and_then(as_bytes)
+    };
+    let (c, s, w) = (field(b"c"), field(b"s"), field(b"w"));
+    let winner =
+        text(c).map(|c| c.and_then(|c| parse_packed(sku, entry_id.clone(), c, w.is_some())));
+    let change = text(s).map(|s| s.and_then(parse_change));
+    let wait = text(w).map(|w| w.and_then(parse_wait));
+    let readable = (c.is_some() || s.is_some() || w.is_some())
+        && !matches!(winner, Some(None))
+        && !matches!(change, Some(None))
+        && !matches!(wait, Some(None));
+    if readable {
+        return Some(Ok(Parsed {
             entry_id,
-            raw: raw_fields(&fields),
-            claim_id,
-            units,
-        }
+            winner: winner.flatten(),
+            change: change.flatten(),
+            wait: wait.flatten(),
+        }));
+    }
+    // What can still be made out, so the quarantine row is found by claim and counted.
+    let packed = c.or(s);
+    let mut head = packed.unwrap_or_default().splitn(3, |b| *b == b'|');
+    let claim_id = head.next().and_then(|c| Uuid::try_parse_ascii(c).ok());
+    let units = head
+        .next()
+        .and_then(|q| std::str::from_utf8(q).ok())
+        .and_then(|q| q.parse::<i32>().ok())
+        .filter(|q| *q > 0 && c.is_some());
+    Some(Err(Unreadable {
+        entry_id,
+        raw: raw_fields(&fields),
+        claim_id,
+        units,
     }))
+}
+
+/// A field's value as text: `None` when absent, `Some(None)` when not UTF-8.
+fn text(b: Option<&[u8]>) -> Option<Option<&str>> {
+    b.map(|b| std::str::from_utf8(b).ok())
+}
+
+/// "claim_id|status|quantity|ms|seq" (lua/lib/lifecycle.lua).
+fn parse_change(raw: &str) -> Option<Change> {
+    let mut it = raw.split('|');
+    let claim_id = Uuid::parse_str(it.next()?).ok()?;
+    let status = it.next()?;
+    if !matches!(status, "confirmed" | "cancelled" | "expired") {
+        return None;
+    }
+    let c = Change {
+        claim_id,
+        status: status.to_string(),
+        quantity: it.next()?.parse().ok().filter(|q: &i32| *q > 0)?,
+        ms: it.next()?.parse().ok()?,
+        seq: it.next()?.parse().ok()?,
+    };
+    it.next().is_none().then_some(c)
+}
+
+/// "entry_id|status|order|ms|seq|len(user)|user" (lua/lib/lifecycle.lua).
+fn parse_wait(raw: &str) -> Option<WaitChange> {
+    let mut it = raw.splitn(7, '|');
+    let entry_id = Uuid::parse_str(it.next()?).ok()?;
+    let status = it.next()?;
+    if !matches!(
+        status,
+        "waiting" | "offered" | "claimed" | "expired" | "left"
+    ) {
+        return None;
+    }
+    let order = it.next()?.parse().ok()?;
+    let ms = it.next()?.parse().ok()?;
+    let seq = it.next()?.parse().ok()?;
+    let len: usize = it.next()?.parse().ok()?;
+    let user = it.next()?;
+    (user.len() == len).then(|| WaitChange {
+        entry_id,
+        user: user.to_string(),
+        status: status.to_string(),
+        order,
+        ms,
+        seq,
+    })
 }
 
 /// An entry's fields as `field=value` pairs joined by `\n`, byte for byte.
@@ -201,12 +296,14 @@ pub fn render(w: &Winner) -> Vec<u8> {
         seq: w.seq,
         user: w.user.clone(),
         idempotency_key: w.idempotency_key.clone(),
+        expires_ms: w.expires_ms,
     };
     format!("c={}", record.render()).into_bytes()
 }
 
-/// Unpacks a winner's record (see [`ClaimRecord`]).
-fn parse_packed(sku: &str, entry_id: String, c: &str) -> Option<Winner> {
+/// Unpacks a winner's record (see [`ClaimRecord`]); `offer` when the entry also carries its
+/// waitlist entry's change (a waitlist offer).
+fn parse_packed(sku: &str, entry_id: String, c: &str, offer: bool) -> Option<Winner> {
     let r = ClaimRecord::parse(c)?;
     Some(Winner {
         entry_id,
@@ -218,6 +315,8 @@ fn parse_packed(sku: &str, entry_id: String, c: &str) -> Option<Winner> {
         remaining_after: Some(r.remaining),
         created_ms: r.created_ms,
         seq: r.seq,
+        expires_ms: r.expires_ms,
+        offer,
     })
 }
 
@@ -241,16 +340,33 @@ fn as_string(v: Value) -> Option<String> {
 ///
 /// # Errors
 /// Redis unreachable or timed out; acknowledging twice is harmless.
-pub async fn ack(store: &Store, sku: &str, batch: &Batch) -> Result<(), StoreError> {
+/// `forget`: holds and waitlist entries whose final status is now in PostgreSQL.
+pub async fn ack(
+    store: &Store,
+    sku: &str,
+    batch: &Batch,
+    forget: &[Uuid],
+) -> Result<(), StoreError> {
     let keys = store.keys(sku);
     let mut inv = SCRIPTS.ack_journal.prepare_invoke();
-    inv.key(keys.state()).key(keys.journal()).arg(GROUP);
+    inv.key(keys.state())
+        .key(keys.journal())
+        .key(keys.holds())
+        .key(keys.waitlist_entries())
+        .arg(GROUP)
+        .arg(batch.len());
     for w in &batch.winners {
         inv.arg(&w.entry_id).arg(w.quantity);
     }
     for u in &batch.unreadable {
         // Units that cannot be read stay in `inflight`: the view then shows the mismatch.
         inv.arg(&u.entry_id).arg(u.units.unwrap_or(0));
+    }
+    for o in &batch.others {
+        inv.arg(&o.entry_id).arg(o.units);
+    }
+    for id in forget {
+        inv.arg(id.to_string());
     }
     let mut con = store.hot();
     let reply = store
@@ -271,7 +387,13 @@ mod tests {
     #[test]
     fn packed_entries_keep_separators_inside_user_and_key() {
         let id = Uuid::now_v7();
-        let w = parse_packed("s", "1-0".into(), &format!("{id}|2|1700|40|9|3|a|bk|ey")).unwrap();
+        let w = parse_packed(
+            "s",
+            "1-0".into(),
+            &format!("{id}|2|1700|40|9|3|a|bk|ey"),
+            false,
+        )
+        .unwrap();
         assert_eq!(
             (w.claim_id, w.quantity, w.created_ms, w.seq),
             (id, 2, 1700, 9)
@@ -279,9 +401,9 @@ mod tests {
         assert_eq!(w.remaining_after, Some(40));
         assert_eq!(w.user, "a|b");
         assert_eq!(w.idempotency_key.as_deref(), Some("k|ey"));
-        let w = parse_packed("s", "1-0".into(), &format!("{id}|1|1|0|1|1|u")).unwrap();
+        let w = parse_packed("s", "1-0".into(), &format!("{id}|1|1|0|1|1|u"), false).unwrap();
         assert_eq!((w.user.as_str(), w.idempotency_key), ("u", None));
-        assert!(parse_packed("s", "1-0".into(), &format!("{id}|1|1|0|1|9|u")).is_none());
+        assert!(parse_packed("s", "1-0".into(), &format!("{id}|1|1|0|1|9|u"), false).is_none());
     }
 
     fn entry(c: &[u8]) -> Value {
@@ -317,7 +439,7 @@ mod tests {
     fn a_rendered_winner_reads_back_as_itself() {
         let id = Uuid::now_v7();
         let c = format!("{id}|1|1700|40|5|3|a|bkey");
-        let w = parse_packed("s", "7-1".into(), &c).unwrap();
+        let w = parse_packed("s", "7-1".into(), &c, false).unwrap();
         assert_eq!(render(&w), format!("c={c}").into_bytes());
     }
 }

@@ -26,10 +26,11 @@ use crate::store::Store;
 mod batch;
 mod consumers;
 mod journal;
+mod lifecycle;
 mod postgres;
 mod quarantine;
 
-pub use batch::{Batch, Unreadable, Winner};
+pub use batch::{Batch, Change, Unreadable, WaitChange, Winner};
 pub use consumers::{reap_idle_consumers, GONE_AFTER_CLAIM_IDLES};
 pub use postgres::{write_batch, Unwritable};
 pub use quarantine::Quarantined;
@@ -255,10 +256,26 @@ impl Writer {
     async fn settle(&self, sku: &str, batch: &Batch) -> Result<(), WriteError> {
         let started = Instant::now();
         let unwritable = write_batch(&self.db, &batch.winners, self.first_retry).await?;
-        if !batch.winners.is_empty() {
+        // After the wins: a change is applied to a row its own win (earlier in the journal)
+        // has written by now.
+        let mut forget = lifecycle::apply_changes(&self.db, &batch.changes).await?;
+        forget.extend(lifecycle::apply_waits(&self.db, sku, &batch.waits).await?);
+        lifecycle::count_offers(batch);
+        let lifecycle_seq = (batch.changes.iter().map(|c| c.seq))
+            .chain(batch.waits.iter().map(|w| w.seq))
+            .max();
+        if !batch.winners.is_empty() || lifecycle_seq.is_some() {
             let written: Vec<(i64, Uuid)> =
                 batch.winners.iter().map(|w| (w.seq, w.claim_id)).collect();
-            freshness::record_batch(&self.db, &self.store, &self.marks, sku, &written).await?;
+            freshness::record_batch(
+                &self.db,
+                &self.store,
+                &self.marks,
+                sku,
+                &written,
+                lifecycle_seq,
+            )
+            .await?;
             m::writer_batch(batch.winners.len(), started.elapsed());
         }
         let now = crate::claims::now_ms();
@@ -276,7 +293,7 @@ impl Writer {
         }
         poison.extend(batch.unreadable.iter().map(Quarantined::unreadable));
         quarantine::record(&self.db, sku, &poison).await?;
-        journal::ack(&self.store, sku, batch).await?;
+        journal::ack(&self.store, sku, batch, &forget).await?;
         Ok(())
     }
 }

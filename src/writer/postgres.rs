@@ -17,19 +17,28 @@ use crate::metrics as m;
 /// The same statement records each inserted claim's `claim.won` in `outbox` (see
 /// [`crate::outbox`]): only rows this insert actually wrote produce an event, so a journal
 /// entry delivered again produces none, and an event exists exactly when its claim committed.
+///
+/// A hold is written `held` with its `expires_at`; a waitlist offer's event is
+/// `waitlist.offered` (an offer is a held claim whose id is its entry's).
 const INSERT_ISSUANCES: &str = "WITH ins AS (
     INSERT INTO issuances
-      (claim_id, sku, user_id, quantity, idempotency_key, remaining_after, created_at, seq)
-    SELECT c, s, u, q, k, r, to_timestamp(ms::double precision / 1000), n
+      (claim_id, sku, user_id, quantity, idempotency_key, remaining_after, created_at, seq,
+       status, expires_at)
+    SELECT c, s, u, q, k, r, to_timestamp(ms::double precision / 1000), n,
+           CASE WHEN ex IS NULL THEN 'issued' ELSE 'held' END,
+           to_timestamp(ex::double precision / 1000)
       FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::int8[], $7::int8[],
-                  $8::int8[])
-        AS t(c, s, u, q, k, r, ms, n)
+                  $8::int8[], $9::int8[])
+        AS t(c, s, u, q, k, r, ms, n, ex)
      WHERE NOT EXISTS (SELECT 1 FROM persistence_pending p
                         WHERE p.claim_id = t.c AND p.status = 'compensated')
     ON CONFLICT (claim_id) DO NOTHING
     RETURNING claim_id, sku, user_id, quantity, status, created_at)
   INSERT INTO outbox (claim_id, seq, event, sku, user_id, quantity, status, occurred_at)
-  SELECT claim_id, 1, 'claim.won', sku, user_id, quantity, status, created_at FROM ins
+  SELECT ins.claim_id, 1,
+         CASE WHEN o.c IS NULL THEN 'claim.won' ELSE 'waitlist.offered' END,
+         sku, user_id, quantity, status, created_at
+    FROM ins LEFT JOIN UNNEST($10::uuid[]) AS o(c) ON o.c = ins.claim_id
   ON CONFLICT (claim_id, seq) DO NOTHING";
 
 /// A winner that neither `issuances` nor `persistence_pending` would take: the caller
@@ -113,6 +122,13 @@ async fn insert(db: &PgPool, rows: &[Winner]) -> Result<(), DbError> {
         .bind(rows.iter().map(|w| w.remaining_after).collect::<Vec<_>>())
         .bind(rows.iter().map(|w| w.created_ms).collect::<Vec<_>>())
         .bind(rows.iter().map(|w| w.seq).collect::<Vec<_>>())
+        .bind(rows.iter().map(|w| w.expires_ms).collect::<Vec<_>>())
+        .bind(
+            rows.iter()
+                .filter(|w| w.offer)
+                .map(|w| w.claim_id)
+                .collect::<Vec<_>>(),
+        )
         .execute(db)
         .await?;
     Ok(())
@@ -124,9 +140,11 @@ async fn park(db: &PgPool, w: &Winner, reason: &str, first_retry: Duration) -> R
     sqlx::query(
         "INSERT INTO persistence_pending
            (claim_id, sku, user_id, quantity, idempotency_key, remaining_after, created_at,
-            failure_reason, next_attempt_at, seq)
+            failure_reason, next_attempt_at, seq, claim_status, expires_at)
          VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7::double precision / 1000), $8,
-                 now() + make_interval(secs => $9::double precision / 1000), $10)
+                 now() + make_interval(secs => $9::double precision / 1000), $10,
+                 CASE WHEN $11::int8 IS NULL THEN 'issued' ELSE 'held' END,
+                 to_timestamp($11::double precision / 1000))
          ON CONFLICT (claim_id) DO NOTHING",
     )
     .bind(w.claim_id)
@@ -139,6 +157,7 @@ async fn park(db: &PgPool, w: &Winner, reason: &str, first_retry: Duration) -> R
     .bind(reason)
     .bind(first_retry.as_millis() as f64)
     .bind(w.seq)
+    .bind(w.expires_ms)
     .execute(db)
     .await?;
     Ok(())

@@ -102,7 +102,11 @@ async fn admin_routes_need_the_admin_token_and_valid_bodies() {
         serde_json::json!({"total": 1, "per_user_limit": 0}),
         serde_json::json!({"total": "many"}),
         serde_json::json!({"total": 1, "surprise": true}),
-        serde_json::json!({"total": 1, "hold_seconds": 30}),
+        serde_json::json!({"total": 1, "hold_seconds": -1}),
+        serde_json::json!({"total": 1, "offer_seconds": 8 * 24 * 3600}),
+        serde_json::json!({"total": 1, "opens_at": "tomorrow"}),
+        serde_json::json!({"total": 1, "opens_at": "2030-01-02T00:00:00Z",
+                           "closes_at": "2030-01-01T00:00:00Z"}),
     ] {
         let r = app
             .http

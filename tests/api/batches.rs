@@ -41,7 +41,13 @@ async fn a_batch_applies_limits_duplicates_and_sell_out_in_order() {
     let d = scripts::claim(&mut con, &keys, &batch, 1_700_000_000_000, 0)
         .await
         .unwrap();
-    assert_eq!(d[0], Decision::Won { remaining: 3 });
+    assert_eq!(
+        d[0],
+        Decision::Won {
+            remaining: 3,
+            expires_ms: None
+        }
+    );
     assert_eq!(d[1], Decision::LimitReached { held: 2 });
     assert!(
         matches!(d[2], Decision::Replay { claim_id, quantity: 2, remaining: 3, .. } if claim_id == batch[0].claim_id),
@@ -49,9 +55,21 @@ async fn a_batch_applies_limits_duplicates_and_sell_out_in_order() {
         d[2]
     );
     assert_eq!(d[3], Decision::KeyReused);
-    assert_eq!(d[4], Decision::Won { remaining: 1 });
+    assert_eq!(
+        d[4],
+        Decision::Won {
+            remaining: 1,
+            expires_ms: None
+        }
+    );
     assert_eq!(d[5], Decision::SoldOut { remaining: 1 });
-    assert_eq!(d[6], Decision::Won { remaining: 0 });
+    assert_eq!(
+        d[6],
+        Decision::Won {
+            remaining: 0,
+            expires_ms: None
+        }
+    );
     assert_eq!(d[7], Decision::SoldOut { remaining: 0 });
 
     let (stock, inflight): (i64, i64) = redis::cmd("HMGET")
@@ -175,10 +193,12 @@ async fn huge_stock_and_limits_decide_like_small_ones() {
         d,
         vec![
             Decision::Won {
-                remaining: 999_999_999_999
+                remaining: 999_999_999_999,
+                expires_ms: None
             },
             Decision::Won {
-                remaining: 999_999_999_994
+                remaining: 999_999_999_994,
+                expires_ms: None
             }
         ]
     );

@@ -418,9 +418,16 @@ pub async fn script_sku(sku: &str) -> (ConnectionManager, dropgate::keys::SkuKey
 /// As [`script_sku`], with the SKU declared (stock seeded).
 pub async fn seeded_sku(total: i64, limit: i32) -> (ConnectionManager, dropgate::keys::SkuKeys) {
     let (mut con, keys) = script_sku("s").await;
-    dropgate::scripts::declare_sku(&mut con, &keys, true, total, limit, &Uuid::nil())
-        .await
-        .unwrap();
+    dropgate::scripts::declare_sku(
+        &mut con,
+        &keys,
+        true,
+        total,
+        &dropgate::scripts::Terms::limit(limit),
+        &Uuid::nil(),
+    )
+    .await
+    .unwrap();
     (con, keys)
 }
 

@@ -439,6 +439,8 @@ async fn a_journal_entry_written_twice_records_one_claim_won() {
         remaining_after: Some(3),
         created_ms: dropgate::claims::now_ms(),
         seq: 1,
+        expires_ms: None,
+        offer: false,
     };
     for _ in 0..2 {
         dropgate::writer::write_batch(

@@ -125,11 +125,11 @@ async fn compensate(
     mode: &str,
     owner: &str,
 ) -> i64 {
-    dropgate::scripts::SCRIPTS
-        .compensate
-        .key(keys.state())
-        .key(keys.users())
-        .key(keys.compensation(claim))
+    let mut inv = dropgate::scripts::SCRIPTS.compensate.prepare_invoke();
+    for k in keys.lifecycle() {
+        inv.key(k);
+    }
+    inv.key(keys.compensation(claim))
         .key(keys.compensation(claim))
         .arg(mode)
         .arg(owner)

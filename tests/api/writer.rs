@@ -312,6 +312,8 @@ async fn compensate_then_write_late(app: &TestApp, sku: &str, all_statuses: bool
         remaining_after: body["remaining"].as_i64(),
         created_ms: dropgate::claims::now_ms(),
         seq: 1,
+        expires_ms: None,
+        offer: false,
     };
     dropgate::writer::write_batch(&app.db, &[stale], Duration::from_millis(50))
         .await

@@ -66,9 +66,16 @@ async fn run_world(seed: u64, w: u64, steps: u64) -> Result<(), String> {
     let (mut con, keys) = script_sku("m").await;
     let total = rng.random_range(0..40);
     let limit = rng.random_range(1..4);
-    scripts::declare_sku(&mut con, &keys, true, total, limit as i32, &Uuid::nil())
-        .await
-        .map_err(|e| e.to_string())?;
+    scripts::declare_sku(
+        &mut con,
+        &keys,
+        true,
+        total,
+        &scripts::Terms::limit(limit as i32),
+        &Uuid::nil(),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
     let mut d = Driver {
         rng,
         con,
@@ -232,7 +239,10 @@ impl Driver {
         let mut inv = SCRIPTS.ack_journal.prepare_invoke();
         inv.key(self.keys.state())
             .key(self.keys.journal())
-            .arg("writers");
+            .key(self.keys.holds())
+            .key(self.keys.waitlist_entries())
+            .arg("writers")
+            .arg(entries.len());
         for ((entry_id, rec), id) in entries.iter().zip(&want) {
             let w = &self.world.won[id];
             let expected = (
@@ -288,9 +298,10 @@ impl Driver {
             .map_or(marker.clone(), |k| self.keys.idempotency(&w.user, k));
         let call = |mode: &'static str| {
             let mut inv = SCRIPTS.compensate.prepare_invoke();
-            inv.key(self.keys.state())
-                .key(self.keys.users())
-                .key(&marker)
+            for k in self.keys.lifecycle() {
+                inv.key(k);
+            }
+            inv.key(&marker)
                 .key(&idem)
                 .arg(mode)
                 .arg("owner")
@@ -455,6 +466,7 @@ fn normal(d: Decision) -> Decision {
             quantity,
             remaining,
             created_ms: 0,
+            expires_ms: None,
         },
         other => other,
     }

@@ -77,6 +77,7 @@ impl World {
                         quantity: c.quantity,
                         remaining: w.remaining,
                         created_ms: 0,
+                        expires_ms: None,
                     }
                 } else {
                     Decision::KeyReused
@@ -114,6 +115,7 @@ impl World {
                 self.journal.push(c.claim_id);
                 out.push(Decision::Won {
                     remaining: self.stock,
+                    expires_ms: None,
                 });
             }
         }

@@ -1,0 +1,55 @@
+-- join_waitlist.lua: put a buyer at the end of a sold-out SKU's waitlist, once.
+--
+-- KEYS[1..8] the lifecycle keys of the SKU (see lib/lifecycle.lua)
+-- ARGV[1]    the new entry's id (minted by the gateway; an offer made to it uses it as claim id)
+-- ARGV[2]    user id
+--
+-- Returns {code, entry_id, position}:
+--   1  joined now: the new entry and its place in line (1 = next to be offered)
+--   2  the user already has an entry that is waiting or offered: that entry and its place
+--      (0 when offered)
+--   3  units remain: buy them instead (nothing changes)
+--   4  the user already holds its per-user limit (nothing changes)
+--   5  the sale window has not opened, 6 it has closed (nothing changes)
+--  -1  the SKU state is missing or stale (fail closed)
+--
+-- Invariant: one live entry per user and SKU, in join order; an entry is taken only while the
+-- stock is 0 (units that come back go to the line before open stock, see give_back).
+local eid, user = ARGV[1], ARGV[2]
+local head = redis.call('HMGET', KEYS[1], 'stock', 'limit', 'seq', 'stale', 'opens_ms',
+  'closes_ms')
+if not head[1] or head[4] then
+  return {-1, '', 0}
+end
+local mine = redis.call('HGET', KEYS[8], user)
+if mine then
+  local e = unpack_entry(redis.call('HGET', KEYS[7], mine))
+  if e and e.status == 'waiting' then
+    return {2, mine, (redis.call('ZRANK', KEYS[6], mine) or 0) + 1}
+  end
+  if e and e.status == 'offered' then
+    return {2, mine, 0}
+  end
+end
+local now = redis_now()
+if head[5] and now < tonumber(head[5]) then
+  return {5, '', 0}
+end
+if head[6] and now >= tonumber(head[6]) then
+  return {6, '', 0}
+end
+if tonumber(head[1]) > 0 then
+  return {3, '', 0}
+end
+if tonumber(redis.call('HGET', KEYS[2], user) or '0') >= tonumber(head[2]) then
+  return {4, '', 0}
+end
+local order = redis.call('HINCRBY', KEYS[1], 'wl_order', 1)
+local e = { order = order, ms = now, user = user }
+redis.call('ZADD', KEYS[6], order, eid)
+redis.call('HSET', KEYS[7], eid, pack_entry('waiting', order, now, user))
+redis.call('HSET', KEYS[8], user, eid)
+local seq = bump(tonumber(head[3]))
+redis.call('XADD', KEYS[3], '*', 'w', entry_record(eid, e, 'waiting', now, seq))
+redis.call('HSET', KEYS[1], 'seq', seq)
+return {1, eid, redis.call('ZRANK', KEYS[6], eid) + 1}

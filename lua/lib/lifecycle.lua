@@ -1,0 +1,143 @@
+-- lib/lifecycle.lua: shared by the scripts that end holds or give units back. It is prepended
+-- to those scripts when they are loaded (src/scripts.rs), so each still runs as one atomic
+-- script; it only defines functions.
+--
+-- The lifecycle keys, in this order, are KEYS[1..8] of every script that includes it:
+--   1 state hash {stock, limit, inflight, seq, hold_ms, offer_ms, opens_ms, closes_ms, ...}
+--   2 per-user unit counts (hash user -> units held: issued, held and confirmed)
+--   3 the journal (stream): wins (field c), status changes (s), waitlist changes (w)
+--   4 holds (hash claim id -> hold record, see pack_hold)
+--   5 hold expiries (sorted set claim id -> expires_ms; only holds still `held`)
+--   6 the waitlist's line (sorted set entry id -> join order)
+--   7 waitlist entries (hash entry id -> entry record, see pack_entry)
+--   8 waitlist members (hash user -> that user's current entry id)
+--
+-- Invariant kept by give_back: a returned unit goes to the head of the line as an offer (a
+-- held claim whose id is the entry id) while anybody waits, and to open stock only when
+-- nobody does, in the same atomic step, so no buyer outside the line can take it.
+
+local function redis_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- A hold: "status|quantity|expires_ms|offer(0/1)|len(user)|user".
+local function pack_hold(status, qty, expires, offer, user)
+  return status .. '|' .. qty .. '|' .. expires .. '|' .. offer .. '|' .. #user .. '|' .. user
+end
+
+local function unpack_hold(rec)
+  if not rec then return nil end
+  local status, qty, expires, offer, len, rest =
+    string.match(rec, '^(%a+)|(%d+)|(%d+)|(%d)|(%d+)|(.*)$')
+  if not status then return nil end
+  return { status = status, qty = tonumber(qty), expires = tonumber(expires),
+           offer = offer, user = string.sub(rest, 1, tonumber(len)) }
+end
+
+-- A waitlist entry: "status|order|joined_ms|len(user)|user".
+local function pack_entry(status, order, ms, user)
+  return status .. '|' .. order .. '|' .. ms .. '|' .. #user .. '|' .. user
+end
+
+local function unpack_entry(rec)
+  if not rec then return nil end
+  local status, order, ms, len, rest = string.match(rec, '^(%a+)|(%d+)|(%d+)|(%d+)|(.*)$')
+  if not status then return nil end
+  return { status = status, order = tonumber(order), ms = tonumber(ms),
+           user = string.sub(rest, 1, tonumber(len)) }
+end
+
+-- Journal records of a status change ("claim_id|status|quantity|ms|seq") and of a waitlist
+-- change ("entry_id|status|order|ms|seq|len(user)|user").
+local function change_record(id, status, qty, ms, seq)
+  return id .. '|' .. status .. '|' .. qty .. '|' .. ms .. '|' .. seq
+end
+
+local function entry_record(id, e, status, ms, seq)
+  return id .. '|' .. status .. '|' .. e.order .. '|' .. ms .. '|' .. seq .. '|' .. #e.user
+    .. '|' .. e.user
+end
+
+local function bump(seq)
+  return seq + 1
+end
+
+-- Gives `units` back: offers to the head of the line first, the rest to open stock. `seq` is
+-- the state's sequence so far; returns it after every journal entry written here. The caller
+-- writes `seq` to the state.
+local function give_back(units, now, seq)
+  local K = KEYS
+  local cfg = redis.call('HMGET', K[1], 'limit', 'offer_ms', 'stock')
+  local limit, offer_ms, stock = tonumber(cfg[1]), tonumber(cfg[2] or '0'), tonumber(cfg[3])
+  while units > 0 do
+    local head = redis.call('ZRANGE', K[6], 0, 0)
+    if #head == 0 then break end
+    local eid = head[1]
+    redis.call('ZREM', K[6], eid)
+    local e = unpack_entry(redis.call('HGET', K[7], eid))
+    if e and e.status == 'waiting' then
+      local held = tonumber(redis.call('HGET', K[2], e.user) or '0')
+      seq = bump(seq)
+      if held + 1 > limit then
+        -- The user reached its limit since joining: the entry ends, the unit goes on.
+        redis.call('HSET', K[7], eid, pack_entry('expired', e.order, e.ms, e.user))
+        redis.call('XADD', K[3], '*', 'w', entry_record(eid, e, 'expired', now, seq))
+      else
+        local expires = now + offer_ms
+        redis.call('HSET', K[2], e.user, held + 1)
+        redis.call('HSET', K[4], eid, pack_hold('held', 1, expires, 1, e.user))
+        redis.call('ZADD', K[5], expires, eid)
+        redis.call('HSET', K[7], eid, pack_entry('offered', e.order, e.ms, e.user))
+        local win = 'h|' .. expires .. '|' .. eid .. '|1|' .. now .. '|' .. stock .. '|' .. seq
+          .. '|' .. #e.user .. '|' .. e.user
+        redis.call('XADD', K[3], '*', 'c', win, 'w', entry_record(eid, e, 'offered', now, seq))
+        -- The offer is a winner not yet written, like any other.
+        redis.call('HINCRBY', K[1], 'inflight', 1)
+        units = units - 1
+      end
+    end
+  end
+  if units > 0 then
+    redis.call('HINCRBY', K[1], 'stock', units)
+  end
+  return seq
+end
+
+-- Ends a held claim as `status` ('cancelled', 'expired' or 'compensated'): its units leave
+-- the buyer's count and come back (give_back); an offer's entry ends too. `h` is the
+-- unpacked hold; `entry_end` the status an offer's entry ends with (default 'expired'; 'left'
+-- when its buyer leaves the line). Returns the new `seq`. The caller writes `seq` to the state.
+local function end_hold(id, h, status, now, seq, entry_end)
+  local K = KEYS
+  redis.call('HSET', K[4], id, pack_hold(status, h.qty, h.expires, h.offer, h.user))
+  redis.call('ZREM', K[5], id)
+  if redis.call('HINCRBY', K[2], h.user, -h.qty) <= 0 then
+    redis.call('HDEL', K[2], h.user)
+  end
+  seq = bump(seq)
+  local fields = {}
+  if status ~= 'compensated' then
+    fields = { 's', change_record(id, status, h.qty, now, seq) }
+    -- Units back in Redis whose status change is not yet written: the writer's acknowledgement
+    -- adds them back (see ack_journal.lua), so the SKU view balances at every instant. (A
+    -- compensated claim was never written: its units leave `persistence_pending` instead.)
+    redis.call('HINCRBY', K[1], 'inflight', -h.qty)
+  end
+  if h.offer == '1' then
+    local e = unpack_entry(redis.call('HGET', K[7], id))
+    if e and e.status == 'offered' then
+      local ended = entry_end or 'expired'
+      redis.call('HSET', K[7], id, pack_entry(ended, e.order, e.ms, e.user))
+      fields[#fields + 1] = 'w'
+      fields[#fields + 1] = entry_record(id, e, ended, now, seq)
+      if redis.call('HGET', K[8], e.user) == id then
+        redis.call('HDEL', K[8], e.user)
+      end
+    end
+  end
+  if #fields > 0 then
+    redis.call('XADD', K[3], '*', unpack(fields))
+  end
+  return give_back(h.qty, now, seq)
+end

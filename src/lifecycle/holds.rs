@@ -1,0 +1,167 @@
+//! Finding a claim by id (before and after the writer has it), and confirming or cancelling a
+//! hold: the decision is Redis's (`lua/decide_hold.lua`); PostgreSQL answers for claims whose
+//! final status it already holds.
+
+use uuid::Uuid;
+
+use super::records::{parse_claim_record, Hold};
+use super::{sku_of, LifecycleError};
+use crate::catalog::Catalog;
+use crate::error::StoreError;
+use crate::ledger::{self, ClaimRow};
+use crate::scripts::SCRIPTS;
+use crate::store::Store;
+
+/// What a buyer asked of a hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldOp {
+    Confirm,
+    Cancel,
+}
+
+impl HoldOp {
+    fn arg(self) -> &'static str {
+        match self {
+            HoldOp::Confirm => "confirm",
+            HoldOp::Cancel => "cancel",
+        }
+    }
+
+    /// The status the operation leads to.
+    pub fn target(self) -> &'static str {
+        match self {
+            HoldOp::Confirm => "confirmed",
+            HoldOp::Cancel => "cancelled",
+        }
+    }
+}
+
+/// The answer to a confirm or cancel. Business outcomes, not errors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HoldAnswer {
+    /// Not a claim of this caller's (or no claim at all).
+    NotFound,
+    /// The claim is now (or was already) in the operation's status.
+    Done,
+    /// The claim already ended otherwise: its status (`cancelled`, `expired`, `confirmed`,
+    /// `compensated`, or `issued` for a claim that was final at once).
+    Refused(String),
+}
+
+/// The claim as `GET /v1/claims/{id}` shows it: the ledger's row, with a hold's status as
+/// Redis has it when Redis is ahead of the writer, or Redis's record before the writer has
+/// written the claim at all. `None` when neither knows it.
+///
+/// # Errors
+/// Infrastructure errors of PostgreSQL, or of Redis when the ledger has no row.
+pub async fn find_claim(
+    store: &Store,
+    catalog: &Catalog,
+    id: Uuid,
+) -> Result<Option<ClaimRow>, LifecycleError> {
+    let row = ledger::find_claim(catalog.db(), id).await?;
+    if let Some(r) = &row {
+        if r.status != "held" {
+            return Ok(row);
+        }
+    }
+    let Some(sku) = sku_of(catalog, &id).await? else {
+        return Ok(row);
+    };
+    let keys = store.keys(&sku.sku);
+    let mut con = store.hot();
+    let read = store
+        .bounded(async {
+            Ok(redis::pipe()
+                .cmd("HGET")
+                .arg(keys.claim(&id))
+                .arg(id.to_string())
+                .cmd("HGET")
+                .arg(keys.holds())
+                .arg(id.to_string())
+                .query_async::<(Option<String>, Option<String>)>(&mut con)
+                .await?)
+        })
+        .await;
+    let (record, hold) = match (read, row) {
+        (Ok(r), _) => r,
+        // The ledger's row stands when Redis cannot add to it.
+        (Err(_), Some(row)) => return Ok(Some(row)),
+        (Err(e), None) => return Err(e.into()),
+    };
+    let hold = hold.as_deref().and_then(Hold::parse);
+    let created_at = crate::ids::created_at(&id);
+    let claim = match (hold, record.as_deref().and_then(parse_claim_record)) {
+        (Some(h), _) => ClaimRow {
+            claim_id: id,
+            sku: sku.sku.clone(),
+            user: h.user,
+            quantity: h.quantity,
+            status: h.status,
+            expires_at: chrono::DateTime::from_timestamp_millis(h.expires_ms),
+            created_at,
+        },
+        (None, Some((quantity, user))) => ClaimRow {
+            claim_id: id,
+            sku: sku.sku.clone(),
+            user,
+            quantity,
+            status: "issued".into(),
+            expires_at: None,
+            created_at,
+        },
+        (None, None) => return Ok(ledger::find_claim(catalog.db(), id).await?),
+    };
+    Ok(Some(claim))
+}
+
+/// Confirms or cancels the hold `id` for `caller` (`None`: the admin, who may act on any).
+///
+/// # Errors
+/// Redis cannot decide (unreachable, or the SKU's state is missing or stale: fail closed), or
+/// PostgreSQL cannot answer for a claim Redis no longer holds.
+pub async fn decide(
+    store: &Store,
+    catalog: &Catalog,
+    id: Uuid,
+    caller: Option<&str>,
+    op: HoldOp,
+) -> Result<HoldAnswer, LifecycleError> {
+    if let Some(sku) = sku_of(catalog, &id).await? {
+        let keys = store.keys(&sku.sku);
+        let mut inv = SCRIPTS.decide_hold.prepare_invoke();
+        for k in keys.lifecycle() {
+            inv.key(k);
+        }
+        inv.arg(op.arg())
+            .arg(id.to_string())
+            .arg(caller.unwrap_or(""));
+        let mut con = store.hot();
+        let (code, status, _expires): (i64, String, i64) = store
+            .bounded(async { Ok(inv.invoke_async(&mut con).await?) })
+            .await?;
+        match code {
+            1 => {
+                super::expiry::count_decision(op.target());
+                return Ok(HoldAnswer::Done);
+            }
+            2 => return Ok(HoldAnswer::Refused(status)),
+            -1 => return Err(StoreError::SkuLost.into()),
+            _ => {}
+        }
+    }
+    // Redis holds no hold of this id: the ledger has its final status, or it is no hold.
+    let Some(row) = ledger::find_claim(catalog.db(), id).await? else {
+        return Ok(HoldAnswer::NotFound);
+    };
+    if caller.is_some_and(|u| u != row.user) {
+        return Ok(HoldAnswer::NotFound);
+    }
+    Ok(match row.status.as_str() {
+        s if s == op.target() => HoldAnswer::Done,
+        "issued" if op == HoldOp::Confirm => HoldAnswer::Done,
+        // A hold the ledger has and Redis does not: Redis lost it; fail closed until restore.
+        "held" => return Err(StoreError::SkuLost.into()),
+        other => HoldAnswer::Refused(other.to_string()),
+    })
+}

@@ -1,0 +1,126 @@
+//! Restore's lifecycle part: the holds still `held` (with their expiries) and the waitlist's
+//! line, in order, rebuilt from the ledger before the SKU's state is written back (claims stay
+//! closed until then).
+
+use futures_util::TryStreamExt;
+use redis::aio::ConnectionManager;
+
+use crate::error::DbError;
+use crate::keys::SkuKeys;
+use crate::restore::{flush, CHUNK};
+use crate::store::Store;
+
+#[derive(sqlx::FromRow)]
+struct HeldRow {
+    claim_id: uuid::Uuid,
+    user_id: String,
+    quantity: i32,
+    expires_ms: i64,
+    offer: bool,
+}
+
+#[derive(sqlx::FromRow)]
+struct EntryRow {
+    entry_id: uuid::Uuid,
+    user_id: String,
+    position: i64,
+    status: String,
+    joined_ms: i64,
+}
+
+/// Writes the SKU's holds and line from the ledger (replacing whatever Redis has of them).
+/// Returns the highest join order, which the state's `wl_order` continues from.
+///
+/// # Errors
+/// Infrastructure errors; nothing of the state hash is written here.
+pub async fn stage(
+    store: &Store,
+    con: &mut ConnectionManager,
+    keys: &SkuKeys,
+    db: &sqlx::PgPool,
+    sku: &str,
+) -> Result<i64, crate::inventory::InventoryError> {
+    let mut pipe = redis::pipe();
+    pipe.del(keys.holds())
+        .del(keys.expiry())
+        .del(keys.waitlist())
+        .del(keys.waitlist_entries())
+        .del(keys.waitlist_users())
+        .ignore();
+    let mut queued = 0usize;
+    let mut holds = sqlx::query_as::<_, HeldRow>(
+        "SELECT i.claim_id, i.user_id, i.quantity,
+                (extract(epoch FROM i.expires_at) * 1000)::bigint AS expires_ms,
+                EXISTS (SELECT 1 FROM waitlist w WHERE w.claim_id = i.claim_id) AS offer
+           FROM issuances i WHERE i.sku = $1 AND i.status = 'held' AND i.expires_at IS NOT NULL
+         UNION ALL
+         SELECT p.claim_id, p.user_id, p.quantity,
+                (extract(epoch FROM p.expires_at) * 1000)::bigint, false
+           FROM persistence_pending p
+          WHERE p.sku = $1 AND p.claim_status = 'held' AND p.expires_at IS NOT NULL
+            AND p.status IN ('pending', 'reprocessing')",
+    )
+    .bind(sku)
+    .fetch(db);
+    while let Some(h) = holds.try_next().await.map_err(DbError::from)? {
+        let id = h.claim_id.to_string();
+        let rec = format!(
+            "held|{}|{}|{}|{}|{}",
+            h.quantity,
+            h.expires_ms,
+            u8::from(h.offer),
+            h.user_id.len(),
+            h.user_id
+        );
+        pipe.hset(keys.holds(), &id, rec)
+            .ignore()
+            .zadd(keys.expiry(), &id, h.expires_ms)
+            .ignore();
+        queued += 1;
+        if queued >= CHUNK {
+            flush(store, con, &mut pipe).await?;
+            queued = 0;
+        }
+    }
+    drop(holds);
+    let mut entries = sqlx::query_as::<_, EntryRow>(
+        "SELECT entry_id, user_id, position, status,
+                (extract(epoch FROM created_at) * 1000)::bigint AS joined_ms
+           FROM waitlist WHERE sku = $1 AND status IN ('waiting', 'offered')
+          ORDER BY position",
+    )
+    .bind(sku)
+    .fetch(db);
+    while let Some(e) = entries.try_next().await.map_err(DbError::from)? {
+        let id = e.entry_id.to_string();
+        let rec = format!(
+            "{}|{}|{}|{}|{}",
+            e.status,
+            e.position,
+            e.joined_ms,
+            e.user_id.len(),
+            e.user_id
+        );
+        pipe.hset(keys.waitlist_entries(), &id, rec)
+            .ignore()
+            .hset(keys.waitlist_users(), &e.user_id, &id)
+            .ignore();
+        if e.status == "waiting" {
+            pipe.zadd(keys.waitlist(), &id, e.position).ignore();
+        }
+        queued += 1;
+        if queued >= CHUNK {
+            flush(store, con, &mut pipe).await?;
+            queued = 0;
+        }
+    }
+    drop(entries);
+    flush(store, con, &mut pipe).await?;
+    let order: Option<i64> =
+        sqlx::query_scalar("SELECT max(position) FROM waitlist WHERE sku = $1")
+            .bind(sku)
+            .fetch_one(db)
+            .await
+            .map_err(DbError::from)?;
+    Ok(order.unwrap_or(0))
+}

@@ -1,0 +1,216 @@
+//! The waitlist: joining a sold-out SKU's line, reading an entry, leaving. Offers are made by
+//! the scripts that give units back (`give_back` in `lua/lib/lifecycle.lua`), never here.
+
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::records::{Entry, Hold};
+use super::{sku_of, LifecycleError};
+use crate::catalog::{Catalog, Sku};
+use crate::error::StoreError;
+use crate::scripts::SCRIPTS;
+use crate::store::Store;
+
+/// A waitlist entry as `GET /v1/waitlist/{entry_id}` shows it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, sqlx::FromRow)]
+pub struct EntryView {
+    pub entry_id: Uuid,
+    pub sku: String,
+    pub user: String,
+    /// `waiting`, `offered`, `claimed`, `expired` or `left`.
+    pub status: String,
+    /// The place in line while waiting (1: next to be offered); `null` otherwise.
+    pub position: Option<i64>,
+    /// The held claim of the offer, once offered.
+    pub claim_id: Option<Uuid>,
+    /// When the offer lapses, while offered.
+    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// What a join did. Business outcomes, not errors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Joined {
+    /// A new entry, with its place in line.
+    New {
+        entry_id: Uuid,
+        position: i64,
+    },
+    /// The user's live entry (waiting, or offered: position 0).
+    Existing {
+        entry_id: Uuid,
+        position: i64,
+    },
+    InStock,
+    LimitReached,
+    NotOpen,
+    Closed,
+}
+
+/// Joins the SKU's waitlist for `user`.
+///
+/// # Errors
+/// Redis could not decide (fail closed).
+pub async fn join(store: &Store, sku: &Sku, user: &str) -> Result<Joined, LifecycleError> {
+    let keys = store.keys(&sku.sku);
+    let mut inv = SCRIPTS.join_waitlist.prepare_invoke();
+    for k in keys.lifecycle() {
+        inv.key(k);
+    }
+    inv.arg(crate::ids::mint(sku.tag).to_string()).arg(user);
+    let mut con = store.hot();
+    let (code, id, position): (i64, String, i64) = store
+        .bounded(async { Ok(inv.invoke_async(&mut con).await?) })
+        .await?;
+    let entry_id =
+        || Uuid::parse_str(&id).map_err(|_| StoreError::Protocol(format!("join: entry {id:?}")));
+    Ok(match code {
+        1 => Joined::New {
+            entry_id: entry_id()?,
+            position,
+        },
+        2 => Joined::Existing {
+            entry_id: entry_id()?,
+            position,
+        },
+        3 => Joined::InStock,
+        4 => Joined::LimitReached,
+        5 => Joined::NotOpen,
+        6 => Joined::Closed,
+        _ => return Err(StoreError::SkuLost.into()),
+    })
+}
+
+/// The entry, if it is `caller`'s (`None`: the admin): from Redis while it is live there, else
+/// from the `waitlist` table.
+///
+/// # Errors
+/// Infrastructure errors.
+pub async fn find(
+    store: &Store,
+    catalog: &Catalog,
+    entry_id: Uuid,
+    caller: Option<&str>,
+) -> Result<Option<EntryView>, LifecycleError> {
+    let view = match sku_of(catalog, &entry_id).await? {
+        Some(sku) => from_redis(store, &sku.sku, entry_id).await?,
+        None => None,
+    };
+    let view = match view {
+        Some(v) => Some(v),
+        None => from_ledger(catalog, entry_id).await?,
+    };
+    Ok(view.filter(|v| caller.is_none_or(|u| u == v.user)))
+}
+
+async fn from_redis(
+    store: &Store,
+    sku: &str,
+    entry_id: Uuid,
+) -> Result<Option<EntryView>, StoreError> {
+    let keys = store.keys(sku);
+    let id = entry_id.to_string();
+    let mut con = store.hot();
+    let (entry, rank, hold): (Option<String>, Option<i64>, Option<String>) = store
+        .bounded(async {
+            Ok(redis::pipe()
+                .cmd("HGET")
+                .arg(keys.waitlist_entries())
+                .arg(&id)
+                .cmd("ZRANK")
+                .arg(keys.waitlist())
+                .arg(&id)
+                .cmd("HGET")
+                .arg(keys.holds())
+                .arg(&id)
+                .query_async(&mut con)
+                .await?)
+        })
+        .await?;
+    let Some(e) = entry.as_deref().and_then(Entry::parse) else {
+        return Ok(None);
+    };
+    let hold = hold.as_deref().and_then(Hold::parse);
+    let offered = matches!(e.status.as_str(), "offered" | "claimed");
+    Ok(Some(EntryView {
+        entry_id,
+        sku: sku.to_string(),
+        user: e.user,
+        position: (e.status == "waiting")
+            .then(|| rank.map(|r| r + 1))
+            .flatten(),
+        claim_id: offered.then_some(entry_id),
+        expires_at: hold
+            .filter(|_| e.status == "offered")
+            .and_then(|h| chrono::DateTime::from_timestamp_millis(h.expires_ms)),
+        status: e.status,
+    }))
+}
+
+async fn from_ledger(
+    catalog: &Catalog,
+    entry_id: Uuid,
+) -> Result<Option<EntryView>, LifecycleError> {
+    Ok(sqlx::query_as(
+        "SELECT w.entry_id, w.sku, w.user_id AS user, w.status,
+                CASE WHEN w.status = 'waiting' THEN
+                  (SELECT count(*) FROM waitlist o WHERE o.sku = w.sku AND o.status = 'waiting'
+                      AND o.position <= w.position) END AS position,
+                w.claim_id,
+                CASE WHEN w.status = 'offered' THEN i.expires_at END AS expires_at
+           FROM waitlist w LEFT JOIN issuances i ON i.claim_id = w.claim_id
+          WHERE w.entry_id = $1",
+    )
+    .bind(entry_id)
+    .fetch_optional(catalog.db())
+    .await
+    .map_err(crate::error::DbError::from)?)
+}
+
+/// What a leave did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Left {
+    NotFound,
+    /// The entry has left (now or before); an offer it held was declined.
+    Left,
+    /// The entry had already ended (claimed, expired): nothing changed.
+    Ended,
+}
+
+/// Takes `caller`'s entry out of the line.
+///
+/// # Errors
+/// Redis could not decide (fail closed).
+pub async fn leave(
+    store: &Store,
+    catalog: &Catalog,
+    entry_id: Uuid,
+    caller: Option<&str>,
+) -> Result<Left, LifecycleError> {
+    if let Some(sku) = sku_of(catalog, &entry_id).await? {
+        let keys = store.keys(&sku.sku);
+        let mut inv = SCRIPTS.leave_waitlist.prepare_invoke();
+        for k in keys.lifecycle() {
+            inv.key(k);
+        }
+        inv.arg(entry_id.to_string()).arg(caller.unwrap_or(""));
+        let mut con = store.hot();
+        let (code, _status): (i64, String) = store
+            .bounded(async { Ok(inv.invoke_async(&mut con).await?) })
+            .await?;
+        match code {
+            1 => return Ok(Left::Left),
+            2 => return Ok(Left::Ended),
+            -1 => return Err(StoreError::SkuLost.into()),
+            _ => {}
+        }
+    }
+    Ok(match find(store, catalog, entry_id, caller).await? {
+        None => Left::NotFound,
+        Some(v) if v.status == "left" => Left::Left,
+        Some(v) if v.status == "waiting" || v.status == "offered" => {
+            // The ledger has a live entry that Redis does not: Redis lost it (restore).
+            return Err(StoreError::SkuLost.into());
+        }
+        Some(_) => Left::Ended,
+    })
+}

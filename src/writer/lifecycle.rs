@@ -1,0 +1,125 @@
+//! Writing the lifecycle's journal records: a hold's status change (confirmed, cancelled,
+//! expired) and a waitlist entry's change, each with its event in the same statement.
+//!
+//! Both are guarded so that a record delivered twice, or read out of order, changes nothing:
+//! a claim leaves `held` once, and an entry only moves forward (waiting, then offered, then
+//! claimed, expired or left).
+
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::batch::{Change, WaitChange};
+use crate::error::DbError;
+
+/// A change of a parked claim (in `persistence_pending`) is kept there, so the reprocessor
+/// writes the claim with it and the ledger does not count a cancelled hold's units as pending.
+const APPLY_CHANGES: &str = "WITH t AS (
+    SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::int8[]) AS t(c, st, ms)),
+  upd AS (
+    UPDATE issuances i SET status = t.st, updated_at = to_timestamp(t.ms::double precision / 1000)
+      FROM t WHERE i.claim_id = t.c AND i.status = 'held'
+    RETURNING i.claim_id, i.sku, i.user_id, i.quantity, i.status, i.updated_at),
+  parked AS (
+    UPDATE persistence_pending p SET claim_status = t.st, updated_at = now()
+      FROM t WHERE p.claim_id = t.c AND p.claim_status = 'held'
+    RETURNING p.claim_id),
+  ev AS (
+    INSERT INTO outbox (claim_id, seq, event, sku, user_id, quantity, status, occurred_at)
+    SELECT claim_id, 2, 'claim.' || status, sku, user_id, quantity, status, updated_at FROM upd
+    ON CONFLICT (claim_id, seq) DO NOTHING)
+  SELECT claim_id FROM upd
+  UNION SELECT i.claim_id FROM issuances i JOIN t ON i.claim_id = t.c AND i.status = t.st";
+
+/// Entries only move forward; an offer's claim id is its entry id.
+const APPLY_WAITS: &str = "INSERT INTO waitlist
+      (entry_id, sku, user_id, position, status, claim_id, created_at, updated_at)
+    SELECT e, $1, u, o, st, CASE WHEN st = 'waiting' THEN NULL ELSE e END,
+           to_timestamp(ms::double precision / 1000), to_timestamp(ms::double precision / 1000)
+      FROM UNNEST($2::uuid[], $3::text[], $4::int8[], $5::text[], $6::int8[])
+        AS t(e, u, o, st, ms)
+    ON CONFLICT (entry_id) DO UPDATE
+       SET status = EXCLUDED.status,
+           claim_id = CASE WHEN EXCLUDED.status IN ('offered', 'claimed')
+                           OR waitlist.claim_id IS NOT NULL THEN EXCLUDED.entry_id END,
+           updated_at = EXCLUDED.updated_at
+     WHERE (CASE waitlist.status WHEN 'waiting' THEN 0 WHEN 'offered' THEN 1 ELSE 2 END)
+         < (CASE EXCLUDED.status WHEN 'waiting' THEN 0 WHEN 'offered' THEN 1 ELSE 2 END)";
+
+/// Applies hold status changes; returns the claims whose final status `issuances` now holds
+/// (their Redis hold records may go).
+///
+/// # Errors
+/// The database error (nothing is acknowledged; the changes are applied again later).
+pub async fn apply_changes(db: &PgPool, changes: &[Change]) -> Result<Vec<Uuid>, DbError> {
+    if changes.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(sqlx::query_scalar(APPLY_CHANGES)
+        .bind(changes.iter().map(|c| c.claim_id).collect::<Vec<_>>())
+        .bind(
+            changes
+                .iter()
+                .map(|c| c.status.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(changes.iter().map(|c| c.ms).collect::<Vec<_>>())
+        .fetch_all(db)
+        .await?)
+}
+
+/// Applies waitlist changes (the same entry may change twice in one batch: one statement per
+/// status step, in order). Returns the entries that ended (claimed, expired, left).
+///
+/// # Errors
+/// The database error.
+pub async fn apply_waits(
+    db: &PgPool,
+    sku: &str,
+    waits: &[WaitChange],
+) -> Result<Vec<Uuid>, DbError> {
+    for rank in 0..3 {
+        let step: Vec<&WaitChange> = waits
+            .iter()
+            .filter(|w| rank_of(&w.status) == rank)
+            .collect();
+        if step.is_empty() {
+            continue;
+        }
+        sqlx::query(APPLY_WAITS)
+            .bind(sku)
+            .bind(step.iter().map(|w| w.entry_id).collect::<Vec<_>>())
+            .bind(step.iter().map(|w| w.user.as_str()).collect::<Vec<_>>())
+            .bind(step.iter().map(|w| w.order).collect::<Vec<_>>())
+            .bind(step.iter().map(|w| w.status.as_str()).collect::<Vec<_>>())
+            .bind(step.iter().map(|w| w.ms).collect::<Vec<_>>())
+            .execute(db)
+            .await?;
+    }
+    Ok(waits
+        .iter()
+        .filter(|w| rank_of(&w.status) == 2)
+        .map(|w| w.entry_id)
+        .collect())
+}
+
+/// Offers made, taken and lapsed in this batch (an offer lapses when its entry ends together
+/// with its hold: expired, or declined by leaving).
+pub fn count_offers(batch: &super::Batch) {
+    use crate::lifecycle::expiry::count_offers as count;
+    let with = |s: &str| batch.waits.iter().filter(|w| w.status == s).count();
+    count("made", with("offered"));
+    count("taken", with("claimed"));
+    let lapsed = (batch.waits.iter())
+        .filter(|w| matches!(w.status.as_str(), "expired" | "left"))
+        .filter(|w| batch.changes.iter().any(|c| c.claim_id == w.entry_id))
+        .count();
+    count("lapsed", lapsed);
+}
+
+fn rank_of(status: &str) -> u8 {
+    match status {
+        "waiting" => 0,
+        "offered" => 1,
+        _ => 2,
+    }
+}
