@@ -45,6 +45,10 @@ pub struct DemoArgs {
     /// Units in stock.
     #[arg(long, default_value_t = 500)]
     pub units: i64,
+    /// Hold each won claim this long, then run a checkout: most confirm, some cancel, the rest
+    /// let their holds expire, and buyers who lost take the offers of the waitlist.
+    #[arg(long, default_value_t = 0)]
+    pub hold_seconds: u64,
     #[command(flatten)]
     pub config: RawConfig,
 }

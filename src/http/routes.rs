@@ -128,7 +128,7 @@ async fn claim(state: &AppState, sku: &str, req: Request<Incoming>) -> Result<Re
         .map_err(ApiError::from);
     log_decision(state, sku, quantity, &decided);
     let outcome = decided.inspect_err(|e| m::claim_failed(e.code()))?;
-    let (won, replayed) = match outcome {
+    let (mut won, replayed) = match outcome {
         Outcome::Won(w) => (w, false),
         Outcome::Replayed(w) => (w, true),
         Outcome::SoldOut => return Err(ApiError::SoldOut),
@@ -138,6 +138,12 @@ async fn claim(state: &AppState, sku: &str, req: Request<Incoming>) -> Result<Re
         Outcome::NotOpen => return Err(ApiError::NotOpen),
         Outcome::Closed => return Err(ApiError::Closed),
     };
+    if won.expires_ms.is_none() && entry.hold_seconds > 0 {
+        // A win read back after a lost answer: the hold's expiry is in its Redis record.
+        if let Ok(Some(c)) = holds::find_claim(&state.store, &state.catalog, won.claim_id).await {
+            won.expires_ms = c.expires_at.map(|t| t.timestamp_millis());
+        }
+    }
     Ok(won_response(sku, &user, &won, replayed))
 }
 

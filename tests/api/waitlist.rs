@@ -6,6 +6,7 @@ use serde_json::{json, Value};
 
 use crate::helpers::*;
 use crate::lifecycle::{claim_id, claim_one, declare_with, get_as, post_as, settled};
+use crate::services::GatewayProcess;
 
 async fn join(api: &Api, sku: &str, user: &str) -> (u16, Value) {
     post_as(api, &format!("/v1/skus/{sku}/waitlist"), &token(user)).await
@@ -217,4 +218,78 @@ async fn restore_brings_back_holds_and_the_line_in_order() {
     assert_eq!(entry(&app, &line[1], "y").await["position"], 1);
     let v = settled(&app, &app.probe, "lost").await;
     assert_eq!(v["consistent"], true, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_sigkilled_during_expiry_and_offers_loses_and_doubles_nothing() {
+    let iso = Isolation::new();
+    let mut gw1 = GatewayProcess::start(&iso, REDIS_URL, &[]).await;
+    let api1 = Api::new(gw1.base.clone());
+    let probe = Probe::new(&iso.database_url, REDIS_URL, &iso.prefix).await;
+    let units = 200;
+    declare_with(
+        &api1,
+        "crash",
+        json!({"total": units, "hold_seconds": 2, "offer_seconds": 600}),
+    )
+    .await;
+    let winners = release_buyers(&api1, "crash", users("h", units as usize)).await;
+    assert_eq!(won_ids(&winners).len(), units as usize);
+    // As many waiters as units: every expired hold becomes an offer.
+    let waiters = users("q", units as usize);
+    let joined = all_at_once(waiters.len(), |i| {
+        let (api, user) = (api1.clone(), waiters[i].clone());
+        async move { join(&api, "crash", &user).await.0 }
+    })
+    .await;
+    assert!(joined.iter().all(|s| *s == 201), "{joined:?}");
+
+    // The holds come due; the gateway dies while its worker expires them and hands them on.
+    wait_for(Duration::from_secs(20), || async {
+        let mut con = probe.redis.clone();
+        let left: i64 = redis::cmd("ZCARD")
+            .arg(format!("{}:{{crash}}:wl", iso.prefix))
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        left < units
+    })
+    .await;
+    gw1.sigkill().await;
+    let gw2 = GatewayProcess::start(&iso, REDIS_URL, &[]).await;
+    let api2 = Api::new(gw2.base.clone());
+
+    // The successor finishes the expiry and writes what the dead writer left.
+    let v = settled_after(&api2, &probe, "crash", |v| v["offered"] == units).await;
+    assert_eq!(v["consistent"], true, "{v}");
+    assert_eq!(
+        v["remaining"], 0,
+        "no unit reached open stock while people waited"
+    );
+    let (expired, offered, distinct): (i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM issuances WHERE status = 'expired'),
+                (SELECT count(*) FROM outbox WHERE event = 'waitlist.offered'),
+                (SELECT count(DISTINCT user_id) FROM issuances WHERE status = 'held')",
+    )
+    .fetch_one(&probe.db)
+    .await
+    .unwrap();
+    assert_eq!((expired, offered, distinct), (units, units, units));
+    for u in waiters.iter().step_by(17) {
+        assert_eq!(probe.held("crash", u).await, 1, "{u} holds its one offer");
+    }
+}
+
+/// The SKU view once `done` holds of it and the journal is empty.
+async fn settled_after(
+    api: &Api,
+    probe: &Probe,
+    sku: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    wait_for(Duration::from_secs(60), || async {
+        done(&api.view(sku).await)
+    })
+    .await;
+    settled(api, probe, sku).await
 }

@@ -395,6 +395,12 @@ impl Driver {
             .arg(seq)
             .arg(Uuid::nil().to_string())
             .arg(0)
+            // No holds, the default offer time, no window, an empty waitlist.
+            .arg(0)
+            .arg(300_000)
+            .arg("")
+            .arg("")
+            .arg(0)
             .invoke_async(&mut self.con)
             .await
             .map_err(|e| e.to_string())?;

@@ -11,6 +11,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::DemoArgs;
 
+mod checkout;
+
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let mut raw = args.config;
     let secret = format!("demo-{}", uuid::Uuid::new_v4().simple());
@@ -37,7 +39,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let resp = http
         .put(format!("{base}/admin/skus/{sku}"))
         .header("authorization", &admin_auth)
-        .json(&serde_json::json!({"total": args.units, "per_user_limit": 1}))
+        .json(
+            &serde_json::json!({"total": args.units, "per_user_limit": 1,
+                                  "hold_seconds": args.hold_seconds}),
+        )
         .send()
         .await?;
     anyhow::ensure!(resp.status() == 201, "declaring {sku}: {}", resp.status());
@@ -49,8 +54,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let barrier = Arc::new(Barrier::new(args.buyers));
     let started = Instant::now();
     let mut tasks = Vec::with_capacity(args.buyers);
+    let mut tokens = std::collections::HashMap::new();
     for i in 0..args.buyers {
         let token = crate::auth::mint(&secret, &format!("buyer-{i}"), Some(&sku), 600)?;
+        tokens.insert(format!("buyer-{i}"), token.clone());
         let (http, barrier, url) = (
             http.clone(),
             barrier.clone(),
@@ -66,17 +73,33 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
                 .json(&serde_json::json!({"quantity": 1}))
                 .send()
                 .await;
-            (r.map(|r| r.status().as_u16()).unwrap_or(0), t.elapsed())
+            let took = t.elapsed();
+            match r {
+                Ok(r) => {
+                    let status = r.status().as_u16();
+                    let body: serde_json::Value = r.json().await.unwrap_or_default();
+                    let id = body["claim_id"].as_str().map(str::to_string);
+                    (status, took, id)
+                }
+                Err(_) => (0, took, None),
+            }
         }));
     }
     let (mut won, mut sold_out, mut other) = (0, 0, 0);
     let mut latencies = Vec::with_capacity(args.buyers);
-    for t in tasks {
-        let (status, took) = t.await?;
+    let (mut winners, mut losers) = (Vec::new(), Vec::new());
+    for (i, t) in tasks.into_iter().enumerate() {
+        let (status, took, id) = t.await?;
         latencies.push(took);
-        match status {
-            201 => won += 1,
-            409 => sold_out += 1,
+        match (status, id) {
+            (201, Some(id)) => {
+                won += 1;
+                winners.push((format!("buyer-{i}"), id));
+            }
+            (409, _) => {
+                sold_out += 1;
+                losers.push(format!("buyer-{i}"));
+            }
             _ => other += 1,
         }
     }
@@ -99,6 +122,20 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
+    let checkout = if args.hold_seconds > 0 {
+        let c = checkout::Checkout {
+            http: &http,
+            base: &base,
+            sku: &sku,
+            admin_auth: &admin_auth,
+            tokens: &tokens,
+            hold_seconds: args.hold_seconds,
+        };
+        Some(c.run(&winners, &losers).await?)
+    } else {
+        None
+    };
+    let view = checkout.unwrap_or(view);
     shutdown.cancel();
     let _ = server.await;
 
@@ -127,6 +164,22 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         }
     );
     let expected_won = args.units.min(args.buyers as i64);
+    if args.hold_seconds > 0 {
+        println!(
+            "units:      {} confirmed, {} held, {} back in stock, {} offered, {} waiting (of {})",
+            view["confirmed"],
+            view["held"],
+            view["remaining"],
+            view["offered"],
+            view["waiting"],
+            args.units
+        );
+        anyhow::ensure!(
+            won == expected_won && view["consistent"] == true,
+            "the drop did not balance: won {won}, expected {expected_won}"
+        );
+        return Ok(());
+    }
     anyhow::ensure!(
         won == expected_won && view["recorded"] == expected_won && view["consistent"] == true,
         "the drop did not balance: won {won}, expected {expected_won}"
