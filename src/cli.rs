@@ -49,6 +49,12 @@ pub struct DemoArgs {
     /// let their holds expire, and buyers who lost take the offers of the waitlist.
     #[arg(long, default_value_t = 0)]
     pub hold_seconds: u64,
+    /// With holds: percent of winners who confirm.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub confirm_percent: u8,
+    /// With holds: percent of winners who cancel (the rest walk away and their holds expire).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub cancel_percent: u8,
     #[command(flatten)]
     pub config: RawConfig,
 }

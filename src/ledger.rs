@@ -71,7 +71,7 @@ pub async fn accounting(
 /// Renders views as the table `dropgate reconcile` prints.
 pub fn table(views: &[SkuView]) -> String {
     let mut s = format!(
-        "{:<24} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>12} {:>10}\n",
+        "{:<24} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>12} {:>8} {:>10} {:>8} {:>8} {:>10}\n",
         "sku",
         "total",
         "remaining",
@@ -80,12 +80,16 @@ pub fn table(views: &[SkuView]) -> String {
         "pending",
         "quarantined",
         "compensated",
+        "held",
+        "confirmed",
+        "waiting",
+        "offered",
         "status"
     );
     let opt = |v: Option<i64>| v.map_or("?".to_string(), |n| n.to_string());
     for v in views {
         s.push_str(&format!(
-            "{:<24} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>12} {:>10}\n",
+            "{:<24} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>12} {:>8} {:>10} {:>8} {:>8} {:>10}\n",
             v.sku,
             v.total,
             opt(v.remaining),
@@ -94,6 +98,10 @@ pub fn table(views: &[SkuView]) -> String {
             v.pending,
             v.quarantined,
             v.compensated,
+            v.held,
+            v.confirmed,
+            v.waiting,
+            v.offered,
             if v.consistent { "ok" } else { "MISMATCH" }
         ));
     }

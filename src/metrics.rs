@@ -31,6 +31,9 @@ const LAG_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 5.0, 30.0,
 ];
 
+/// How late a hold expired: the goal is p99 <= 1 s, so the buckets are fine around it.
+const EXPIRY_LAG_BUCKETS: &[f64] = &[0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.75, 1.0, 1.5, 2.0, 5.0];
+
 pub const CLAIMS: &str = "dropgate_claims_total";
 pub const CLAIM_LATENCY: &str = "dropgate_claim_latency_seconds";
 pub const REDIS_CALL: &str = "dropgate_redis_call_seconds";
@@ -97,6 +100,12 @@ pub fn handle() -> PrometheusHandle {
                 })
                 .and_then(|b| {
                     b.set_buckets_for_metric(Matcher::Full(JOURNAL_LAG.into()), LAG_BUCKETS)
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(crate::lifecycle::expiry::EXPIRY_LAG.into()),
+                        EXPIRY_LAG_BUCKETS,
+                    )
                 })
                 .and_then(|b| {
                     b.set_buckets_for_metric(

@@ -8,12 +8,16 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde_json::Value;
 
-/// What the demo's buyers do with a hold: confirm (6 in 10), cancel (2 in 10), or nothing.
-fn choice(i: usize) -> &'static str {
-    match i % 10 {
-        0..=5 => "confirm",
-        6 | 7 => "cancel",
-        _ => "walk away",
+/// What buyer `i` of the drop's winners does with its hold: confirm (the first `confirm` in
+/// every hundred), cancel (the next `cancel`), or nothing (left to expiry).
+fn choice(i: usize, confirm: u8, cancel: u8) -> &'static str {
+    let slot = (i % 100) as u8;
+    if slot < confirm {
+        "confirm"
+    } else if slot < confirm.saturating_add(cancel) {
+        "cancel"
+    } else {
+        "walk away"
     }
 }
 
@@ -25,6 +29,9 @@ pub struct Checkout<'a> {
     /// Bearer tokens by user.
     pub tokens: &'a HashMap<String, String>,
     pub hold_seconds: u64,
+    /// Percent of winners who confirm, and who cancel; the rest walk away.
+    pub confirm_percent: u8,
+    pub cancel_percent: u8,
 }
 
 impl Checkout<'_> {
@@ -49,6 +56,53 @@ impl Checkout<'_> {
             .await?)
     }
 
+    /// How late the holds expired, from the gateway's own histogram (bucket bounds: the
+    /// quantile is at most the bound printed).
+    async fn print_expiry_lag(&self) -> anyhow::Result<()> {
+        let text = self
+            .http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await?
+            .text()
+            .await?;
+        let name = crate::lifecycle::expiry::EXPIRY_LAG;
+        let mut buckets: Vec<(f64, f64)> = Vec::new();
+        for line in text
+            .lines()
+            .filter(|l| l.starts_with(&format!("{name}_bucket")))
+        {
+            let le = line
+                .split("le=\"")
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or("+Inf");
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse()?
+            };
+            let n: f64 = line.rsplit(' ').next().unwrap_or("0").parse()?;
+            buckets.push((le, n));
+        }
+        let total = buckets.iter().map(|b| b.1).fold(0.0, f64::max);
+        if total == 0.0 {
+            return Ok(());
+        }
+        let at = |q: f64| {
+            buckets
+                .iter()
+                .find(|(_, n)| *n >= q * total)
+                .map_or(f64::INFINITY, |b| b.0)
+        };
+        println!(
+            "expiry lag: {total} holds expired; p50 <= {} s, p99 <= {} s after expires_at",
+            at(0.5),
+            at(0.99)
+        );
+        Ok(())
+    }
+
     /// Runs the checkout: `winners` are (user, claim id) of the drop's 201s, `losers` the
     /// users it refused. Returns the final SKU view.
     pub async fn run(
@@ -69,7 +123,7 @@ impl Checkout<'_> {
         }
         let mut tally: HashMap<&str, usize> = HashMap::new();
         for (i, (user, id)) in winners.iter().enumerate() {
-            let what = choice(i);
+            let what = choice(i, self.confirm_percent, self.cancel_percent);
             if what != "walk away" {
                 self.post(&format!("/v1/claims/{id}/{what}"), user).await?;
             }
@@ -112,6 +166,7 @@ impl Checkout<'_> {
             let settled = v["held"] == 0 && v["offered"] == 0 && v["in_flight"] == 0;
             if (open == 0 && settled) || Instant::now() > deadline {
                 println!("waitlist:   {taken} offers taken, {open} still waiting");
+                self.print_expiry_lag().await?;
                 return Ok(v);
             }
             tokio::time::sleep(Duration::from_millis(200)).await;

@@ -130,6 +130,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             admin_auth: &admin_auth,
             tokens: &tokens,
             hold_seconds: args.hold_seconds,
+            confirm_percent: args.confirm_percent,
+            cancel_percent: args.cancel_percent,
         };
         Some(c.run(&winners, &losers).await?)
     } else {

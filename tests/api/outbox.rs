@@ -490,3 +490,58 @@ async fn a_parked_claim_written_later_records_its_claim_won_then() {
         [("claim.won".to_string(), 1, "issued".to_string())]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_publish_their_end_and_offers_their_start_in_order_per_claim() {
+    use crate::lifecycle::{claim_id, claim_one, declare_with, post_as};
+    let nats = PrivateNats::start().await;
+    let app = spawn_app_with(|c| c.nats_url = Some(nats.url())).await;
+    declare_with(
+        &app,
+        "life",
+        serde_json::json!({"total": 3, "hold_seconds": 600}),
+    )
+    .await;
+    let mut ids = Vec::new();
+    for u in ["keep", "drop", "late"] {
+        ids.push(claim_id(&claim_one(&app, "life", u).await.1));
+    }
+    let (s, _) = post_as(&app, "/v1/skus/life/waitlist", &token("waiter")).await;
+    assert_eq!(s, 201);
+    post_as(
+        &app,
+        &format!("/v1/claims/{}/confirm", ids[0]),
+        &token("keep"),
+    )
+    .await;
+    post_as(
+        &app,
+        &format!("/v1/claims/{}/cancel", ids[1]),
+        &token("drop"),
+    )
+    .await;
+
+    // won x3, confirmed, cancelled, and the cancelled unit offered to the waiter.
+    wait_for(Duration::from_secs(30), || async {
+        unsent(&app.db).await == 0 && stream_len(&nats).await >= 6
+    })
+    .await;
+    let events = stream_events(&nats).await;
+    assert_eq!(events.len(), 6);
+    let per_claim = check_once_in_order(&events);
+    let kinds = |id: &str| -> Vec<String> {
+        per_claim[&id.parse::<Uuid>().unwrap()]
+            .iter()
+            .map(|b| b["type"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(kinds(&ids[0]), ["claim.won", "claim.confirmed"]);
+    assert_eq!(kinds(&ids[1]), ["claim.won", "claim.cancelled"]);
+    assert_eq!(kinds(&ids[2]), ["claim.won"]);
+    let offer = events
+        .iter()
+        .find(|e| e.body["type"] == "waitlist.offered")
+        .expect("an offer event");
+    assert_eq!(offer.body["user"], "waiter");
+    assert_eq!(offer.body["status"], "held");
+}
