@@ -8,7 +8,12 @@
 //! - [`catalog`]: SKUs in PostgreSQL, cached in process (unknown SKU = 404, no Redis trip).
 //! - [`claims`]: the decision: mint a claim id, coalesce same-SKU claims, one Lua call,
 //!   resolve a call that got no answer by reading.
-//! - [`settle`]: keeps reading back the claims whose outcome stayed unknown (503
+//! - [`lifecycle`]: holds (confirm, cancel: `lifecycle/holds.rs`), the waitlist
+  (`lifecycle/waitlist.rs`), the expiry worker (`lifecycle/expiry.rs`) and restore's part of
+  them (`lifecycle/restore.rs`); each decision one script call on Redis's clock, journaled like
+  a win. [`ids`]: claim and entry ids carry their SKU's tag, so a claim is found by id alone
+  before the writer has it.
+- [`settle`]: keeps reading back the claims whose outcome stayed unknown (503
 //!   `outcome_unknown`) until each is won or fenced.
 //! - [`freshness`]: the state sequence and the ledger's high-water mark: a Redis that came back
 //!   with older data is detected per SKU and closed until restore.
@@ -48,7 +53,10 @@
 //! 201/409/422 → the [`writer`] reads the journal, inserts
 //! into `issuances` (and, in the same statement, its `claim.won` into `outbox`), then
 //! acknowledges the entry; a row PostgreSQL refuses is parked for the [`reprocess`] loop → the
-//! [`outbox`] relay publishes the event to JetStream.
+//! [`outbox`] relay publishes the event to JetStream. On a SKU with holds the winner is `held`
+//! until `POST /v1/claims/{id}/confirm` or `/cancel` ([`lifecycle`]) or the expiry worker ends
+//! it; the change is journaled by its script and written by the same writer, and units that come
+//! back go to the waitlist's head as offers before open stock.
 #![forbid(unsafe_code)]
 
 pub mod app;
