@@ -109,10 +109,7 @@ pub(super) async fn get_entry(
 ) -> Result<Response<Body>> {
     let caller = caller(state, req, None)?;
     let id = Uuid::parse_str(id).map_err(|_| ApiError::UnknownEntry)?;
-    let view = waitlist::find(&state.store, &state.catalog, id, caller.as_deref())
-        .await?
-        .ok_or(ApiError::UnknownEntry)?;
-    Ok(json(StatusCode::OK, &view))
+    entry_view(state, id, caller.as_deref()).await
 }
 
 pub(super) async fn leave_waitlist(
@@ -123,10 +120,14 @@ pub(super) async fn leave_waitlist(
     let caller = caller(state, req, None)?;
     let id = Uuid::parse_str(id).map_err(|_| ApiError::UnknownEntry)?;
     match waitlist::leave(&state.store, &state.catalog, id, caller.as_deref()).await? {
-        Left::NotFound => return Err(ApiError::UnknownEntry),
-        Left::Left | Left::Ended => {}
+        Left::NotFound => Err(ApiError::UnknownEntry),
+        Left::Left | Left::Ended => entry_view(state, id, caller.as_deref()).await,
     }
-    let view = waitlist::find(&state.store, &state.catalog, id, caller.as_deref())
+}
+
+/// The entry as its owner (or the admin) sees it; 404 for anyone else.
+async fn entry_view(state: &AppState, id: Uuid, caller: Option<&str>) -> Result<Response<Body>> {
+    let view = waitlist::find(&state.store, &state.catalog, id, caller)
         .await?
         .ok_or(ApiError::UnknownEntry)?;
     Ok(json(StatusCode::OK, &view))
