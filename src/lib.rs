@@ -8,12 +8,12 @@
 //! - [`catalog`]: SKUs in PostgreSQL, cached in process (unknown SKU = 404, no Redis trip).
 //! - [`claims`]: the decision: mint a claim id, coalesce same-SKU claims, one Lua call,
 //!   resolve a call that got no answer by reading.
-//! - [`lifecycle`]: holds (confirm, cancel: `lifecycle/holds.rs`), the waitlist
-  (`lifecycle/waitlist.rs`), the expiry worker (`lifecycle/expiry.rs`) and restore's part of
-  them (`lifecycle/restore.rs`); each decision one script call on Redis's clock, journaled like
-  a win. [`ids`]: claim and entry ids carry their SKU's tag, so a claim is found by id alone
-  before the writer has it.
-- [`settle`]: keeps reading back the claims whose outcome stayed unknown (503
+//! //! - [`lifecycle`]: holds (confirm, cancel: `lifecycle/holds.rs`), the waitlist
+//!   (`lifecycle/waitlist.rs`), the expiry worker (`lifecycle/expiry.rs`) and restore's part of
+//!   them (`lifecycle/restore.rs`); each decision one script call on Redis's clock, journaled
+//!   like a win. [`ids`]: claim and entry ids carry their SKU's tag, so a claim is found by id
+//!   alone before the writer has it.
+//! - [`settle`]: keeps reading back the claims whose outcome stayed unknown (503
 //!   `outcome_unknown`) until each is won or fenced.
 //! - [`freshness`]: the state sequence and the ledger's high-water mark: a Redis that came back
 //!   with older data is detected per SKU and closed until restore.
