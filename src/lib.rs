@@ -8,7 +8,7 @@
 //! - [`catalog`]: SKUs in PostgreSQL, cached in process (unknown SKU = 404, no Redis trip).
 //! - [`claims`]: the decision: mint a claim id, coalesce same-SKU claims, one Lua call,
 //!   resolve a call that got no answer by reading.
-//! //! - [`lifecycle`]: holds (confirm, cancel: `lifecycle/holds.rs`), the waitlist
+//! - [`lifecycle`]: holds (confirm, cancel: `lifecycle/holds.rs`), the waitlist
 //!   (`lifecycle/waitlist.rs`), the expiry worker (`lifecycle/expiry.rs`) and restore's part of
 //!   them (`lifecycle/restore.rs`); each decision one script call on Redis's clock, journaled
 //!   like a win. [`ids`]: claim and entry ids carry their SKU's tag, so a claim is found by id
