@@ -14,6 +14,7 @@ use crate::catalog::Catalog;
 use crate::claims::ClaimService;
 use crate::config::Config;
 use crate::freshness::{Marks, Refresher};
+use crate::live::Live;
 use crate::observe::{FailClosed, Observer};
 use crate::outbox::{OutboxStatus, Relay};
 use crate::reprocess::Reprocessor;
@@ -31,6 +32,8 @@ pub struct AppState {
     pub closed: Arc<FailClosed>,
     /// The outbox backlog and the relay's NATS state, shown by /readyz (never a reason for 503).
     pub outbox: Arc<OutboxStatus>,
+    /// Per-SKU claim counts and the open live streams, for `/admin/live`.
+    pub live: Live,
     /// Set on shutdown, so /readyz turns 503 before the listener closes.
     draining: AtomicBool,
 }
@@ -99,6 +102,7 @@ impl Application {
             metrics: crate::metrics::handle(),
             closed: closed.clone(),
             outbox: outbox.clone(),
+            live: Live::default(),
             store: store.clone(),
             draining: AtomicBool::new(false),
         });

@@ -13,6 +13,7 @@ mod helpers;
 mod http;
 mod model;
 mod observe;
+mod openapi;
 mod operators;
 mod outbox;
 mod proxy;
