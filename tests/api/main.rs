@@ -9,6 +9,7 @@ mod deploy;
 mod durability;
 mod edge;
 mod faults;
+mod findings;
 mod helpers;
 mod http;
 mod model;
