@@ -37,3 +37,41 @@ async fn a_claim_whose_body_is_only_whitespace_is_refused_and_moves_nothing() {
         .unwrap();
     assert_eq!(r.status(), 201);
 }
+
+/// A refused operator action took the SKU's next operator epoch (a catalog write) before it
+/// was refused: a restock below zero, a restore while Redis holds the state, a declare with
+/// another total each moved `skus.op_epoch`.
+#[tokio::test]
+async fn refused_operator_actions_leave_the_catalog_row_as_it_was() {
+    let app = spawn_app().await;
+    assert_eq!(app.declare("ops", 3, 1).await.status(), 201);
+    assert_eq!(app.claim("ops", "u-1", 1, None).await.status(), 201);
+    app.drained("ops").await;
+    let row = || async {
+        sqlx::query_scalar::<_, String>("SELECT s::text FROM skus s WHERE sku = 'ops'")
+            .fetch_one(&app.db)
+            .await
+            .unwrap()
+    };
+    let before = row().await;
+
+    let r = app.restock("ops", -3).await;
+    assert_eq!(r.status(), 409);
+    assert_eq!(code(&r.json().await.unwrap()), "insufficient_stock");
+    let r = app.restore("ops", false).await;
+    assert_eq!(r.status(), 409);
+    assert_eq!(code(&r.json().await.unwrap()), "state_present");
+    let r = app.declare("ops", 4, 1).await;
+    assert_eq!(r.status(), 409);
+    assert_eq!(code(&r.json().await.unwrap()), "sku_exists");
+
+    assert_eq!(row().await, before);
+    let ops: i64 = sqlx::query_scalar("SELECT count(*) FROM restock_ops")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(ops, 0);
+    // An action that goes ahead still takes its epoch.
+    assert_eq!(app.restock("ops", 1).await.status(), 200);
+    assert_ne!(row().await, before);
+}
