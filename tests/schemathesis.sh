@@ -12,7 +12,7 @@
 #
 # Usage: tests/schemathesis.sh [path/to/dropgate]   (default: $CARGO_TARGET_DIR/debug/dropgate)
 # Needs: python3 (venv), redis-cli, psql, curl, jq; PostgreSQL on 127.0.0.1:5432, Redis on :6379.
-# Time: about two minutes (bounded by --max-examples and --max-time).
+# Time: about three minutes (bounded by --max-time per run: 60 + 2 x 25 + 2 x 15 s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -96,7 +96,7 @@ st() {
 
 echo "== schemathesis: conformance, stateless and stateful"
 st --checks all --exclude-checks positive_data_acceptance,ignored_auth \
-  --phases examples,coverage,fuzzing,stateful --max-examples 40 --max-time 75
+  --phases examples,coverage,fuzzing,stateful --max-examples 40 --max-time 60
 
 # === 2. refused requests change nothing ===
 
@@ -139,13 +139,13 @@ fingerprint before
 # invalid data reaches the validation behind authentication.
 # (No examples phase: it sends the documented examples, which are valid, whatever the mode.)
 negative=(--mode negative --checks not_a_server_error,negative_data_rejection,status_code_conformance,response_schema_conformance
-          --phases coverage,fuzzing --max-examples 25 --max-time 30)
+          --phases coverage,fuzzing --max-examples 25 --max-time 25)
 echo "== schemathesis: refusals (negative data on the operators' routes)"
 st --include-path-regex '^/admin/' -H "Authorization: Bearer $ST_ADMIN_TOKEN" "${negative[@]}"
 echo "== schemathesis: refusals (negative data on the buyers' routes)"
 st --include-path-regex '^/v1/' -H "Authorization: Bearer $ST_BUYER_TOKEN" "${negative[@]}"
 refusals=(--mode positive --checks not_a_server_error,status_code_conformance,response_schema_conformance
-          --phases coverage,fuzzing --max-examples 25 --max-time 20)
+          --phases coverage,fuzzing --max-examples 25 --max-time 15)
 echo "== schemathesis: refusals (claims on a SKU sold out to the buyer)"
 ST_CONFIG=tests/schemathesis/sold-out.toml st --include-operation-id claim "${refusals[@]}"
 echo "== schemathesis: every read"

@@ -12,6 +12,7 @@ mod faults;
 mod findings;
 mod helpers;
 mod http;
+mod live;
 mod model;
 mod observe;
 mod openapi;
