@@ -10,7 +10,7 @@
 
 mod stats;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -57,9 +57,9 @@ pub struct SkuFrame {
     /// `None` when the ledger could not be read this second.
     pub view: Option<SkuView>,
     /// Claims this gateway answered in the last second, by outcome.
-    pub claims_per_second: HashMap<&'static str, f64>,
+    pub claims_per_second: BTreeMap<&'static str, f64>,
     /// Claims this gateway answered since it started, by outcome.
-    pub claims_total: HashMap<&'static str, u64>,
+    pub claims_total: BTreeMap<&'static str, u64>,
     pub p99_claim_latency_seconds: Option<f64>,
     pub journal_lag_seconds: Option<f64>,
 }

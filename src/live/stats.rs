@@ -1,7 +1,7 @@
 //! This gateway's claim answers per SKU: counts by outcome and a decision-latency histogram,
 //! fed by the claim handler and read by the live streams.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -102,7 +102,7 @@ impl Counts {
     }
 
     /// These counts by outcome (every outcome present).
-    pub fn totals(&self) -> HashMap<&'static str, u64> {
+    pub fn totals(&self) -> BTreeMap<&'static str, u64> {
         CLAIM_OUTCOMES
             .iter()
             .enumerate()
@@ -111,7 +111,7 @@ impl Counts {
     }
 
     /// These counts as claims per second over `seconds`, by outcome (every outcome present).
-    pub fn rates(&self, seconds: f64) -> HashMap<&'static str, f64> {
+    pub fn rates(&self, seconds: f64) -> BTreeMap<&'static str, f64> {
         CLAIM_OUTCOMES
             .iter()
             .enumerate()
