@@ -31,7 +31,9 @@ pub const MAX_STREAMS: usize = 8;
 
 /// The shared side of the live streams: the claim counts, and the bound on open streams.
 pub struct Live {
+    /// Fed by the claim handler, read by every open stream.
     pub stats: ClaimStats,
+    /// One permit per open stream, held until the client goes away ([`MAX_STREAMS`]).
     pub streams: Arc<tokio::sync::Semaphore>,
 }
 
