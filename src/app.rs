@@ -15,6 +15,7 @@ use crate::claims::ClaimService;
 use crate::config::Config;
 use crate::freshness::{Marks, Refresher};
 use crate::lifecycle::expiry::Expirer;
+use crate::live::Live;
 use crate::observe::{FailClosed, Observer};
 use crate::outbox::{OutboxStatus, Relay};
 use crate::reprocess::Reprocessor;
@@ -32,6 +33,8 @@ pub struct AppState {
     pub closed: Arc<FailClosed>,
     /// The outbox backlog and the relay's NATS state, shown by /readyz (never a reason for 503).
     pub outbox: Arc<OutboxStatus>,
+    /// Per-SKU claim counts and the open live streams, for `/admin/live`.
+    pub live: Live,
     /// Set on shutdown, so /readyz turns 503 before the listener closes.
     draining: AtomicBool,
 }
@@ -102,6 +105,7 @@ impl Application {
             metrics: crate::metrics::handle(),
             closed: closed.clone(),
             outbox: outbox.clone(),
+            live: Live::default(),
             store: store.clone(),
             draining: AtomicBool::new(false),
         });

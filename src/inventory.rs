@@ -64,12 +64,17 @@ const SETTLE_PAUSE: Duration = Duration::from_millis(100);
 /// outlive the action, even on an error path, and a gateway that dies releases it too.
 ///
 /// A lock is no fence: a holder whose connection was cut has lost it without knowing. So each
-/// holder also takes the SKU's next operator epoch, which every Redis step of the action
-/// carries: a state a newer action has touched refuses an older one.
+/// holder also takes the SKU's next operator epoch before its first Redis step, and every
+/// Redis step of the action carries it: a state a newer action has touched refuses an older
+/// one. The epoch is taken then, not with the lock, so an action refused before it touches
+/// Redis (a restock below zero, a restore while the state is present) leaves the catalog row
+/// as it was (schemathesis found refusals moving it; tests/api/findings.rs).
 pub struct SkuLock {
-    _con: PoolConnection<Postgres>,
-    /// This action's operator epoch (0 when the SKU has no catalog row yet).
-    pub epoch: i64,
+    /// The session holding the advisory lock; the epoch is taken on it too.
+    con: PoolConnection<Postgres>,
+    sku: String,
+    /// This action's operator epoch once taken (0 when the SKU has no catalog row yet).
+    epoch: Option<i64>,
 }
 
 impl SkuLock {
@@ -105,16 +110,30 @@ impl SkuLock {
         if !taken {
             return Ok(None);
         }
-        let epoch: Option<i64> = sqlx::query_scalar(
+        Ok(Some(SkuLock {
+            con,
+            sku: sku.to_string(),
+            epoch: None,
+        }))
+    }
+
+    /// This action's operator epoch: the SKU's next one, taken on the first call.
+    ///
+    /// # Errors
+    /// The database error.
+    pub async fn epoch(&mut self) -> Result<i64, DbError> {
+        if let Some(e) = self.epoch {
+            return Ok(e);
+        }
+        let taken: Option<i64> = sqlx::query_scalar(
             "UPDATE skus SET op_epoch = op_epoch + 1 WHERE sku = $1 RETURNING op_epoch",
         )
-        .bind(sku)
-        .fetch_optional(&mut *con)
+        .bind(&self.sku)
+        .fetch_optional(&mut *self.con)
         .await?;
-        Ok(Some(SkuLock {
-            _con: con,
-            epoch: epoch.unwrap_or(0),
-        }))
+        let e = taken.unwrap_or(0);
+        self.epoch = Some(e);
+        Ok(e)
     }
 }
 
@@ -266,17 +285,18 @@ pub async fn restock(
     delta: i64,
 ) -> Result<SkuView, InventoryError> {
     let db = catalog.db();
-    let lock = SkuLock::acquire(db, sku).await?;
-    settle_restocks(store, db, sku, lock.epoch, Duration::ZERO).await?;
+    let mut lock = SkuLock::acquire(db, sku).await?;
+    settle_restocks(store, db, sku, &mut lock, Duration::ZERO).await?;
     let row: Option<(i64, i64)> =
         sqlx::query_as("SELECT total, redis_seq FROM skus WHERE sku = $1")
             .bind(sku)
             .fetch_optional(db)
             .await?;
     let (total, floor) = row.ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
-    if total + delta < 0 {
+    if total + delta < 0 || (delta < 0 && below_zero(store, sku, delta).await) {
         return Err(InventoryError::Refused(Refusal::InsufficientStock));
     }
+    let epoch = lock.epoch().await?;
     let op = Uuid::now_v7();
     let mut tx = db.begin().await?;
     sqlx::query("INSERT INTO restock_ops (op_id, sku, delta) VALUES ($1, $2, $3)")
@@ -289,7 +309,7 @@ pub async fn restock(
         add_total(&mut tx, sku, delta, 0).await?;
     }
     tx.commit().await?;
-    let outcome = apply_restock(store, sku, &op, delta, lock.epoch, floor).await;
+    let outcome = apply_restock(store, sku, &op, delta, epoch, floor).await;
     if matches!(&outcome, Err(e) if e.is_uncertain()) {
         tracing::warn!(sku, delta, %op, "restock outcome unknown; it is settled by reading back later");
         return Err(StoreError::Timeout.into());
@@ -308,6 +328,28 @@ pub async fn restock(
     }
     catalog.load(sku).await?;
     view(store, catalog, sku).await
+}
+
+/// Whether the stock Redis holds now would go below zero: checked before anything is written,
+/// so the common refusal moves nothing (schemathesis found it recording an operation and
+/// taking an epoch; tests/api/findings.rs). The script checks again, since claims and
+/// compensations move the stock meanwhile; a refusal only it sees is recorded `not_applied`.
+/// A Redis that does not answer here tells nothing: the restock goes on, and its own step
+/// meets the same Redis (answering `outcome_unknown` as before if that step is sent).
+async fn below_zero(store: &Store, sku: &str, delta: i64) -> bool {
+    let keys = store.keys(sku);
+    let mut con = store.hot();
+    let stock: Option<i64> = store
+        .bounded(async {
+            Ok(redis::cmd("HGET")
+                .arg(keys.state())
+                .arg("stock")
+                .query_async(&mut con)
+                .await?)
+        })
+        .await
+        .unwrap_or(None);
+    stock.is_some_and(|s| s + delta < 0)
 }
 
 /// Moves PostgreSQL after a definite Redis answer, once per operation (the first finisher
@@ -416,7 +458,7 @@ pub async fn settle_restocks(
     store: &Store,
     db: &PgPool,
     sku: &str,
-    epoch: i64,
+    lock: &mut SkuLock,
     min_age: Duration,
 ) -> Result<(), InventoryError> {
     let pending: Vec<(Uuid, i64)> = sqlx::query_as(
@@ -430,6 +472,7 @@ pub async fn settle_restocks(
     .fetch_all(db)
     .await?;
     for (op, delta) in pending {
+        let epoch = lock.epoch().await?;
         let outcome = read_back_restock(store, sku, &op, delta, epoch).await;
         if matches!(&outcome, Err(e) if e.is_uncertain()) {
             return Err(StoreError::Timeout.into());
@@ -458,10 +501,10 @@ pub async fn settle_stuck_restocks(store: &Store, db: &PgPool) -> Result<(), DbE
     .await?;
     for sku in skus {
         // An operator action on the SKU settles them itself; never queue behind it.
-        let Some(lock) = SkuLock::try_acquire(db, &sku).await? else {
+        let Some(mut lock) = SkuLock::try_acquire(db, &sku).await? else {
             continue;
         };
-        if let Err(e) = settle_restocks(store, db, &sku, lock.epoch, STUCK_AFTER).await {
+        if let Err(e) = settle_restocks(store, db, &sku, &mut lock, STUCK_AFTER).await {
             tracing::warn!(sku, error = %e, "pending restocks still unknown; retrying later");
         }
     }

@@ -2,7 +2,8 @@
 //!
 //! # Map
 //!
-//! - [`http`]: hyper front end, routing, what a client may hold (`http/limits.rs`:
+//! - [`http`]: hyper front end, the route table (`http/router.rs`, described by
+//!   `http/openapi.json` at `GET /openapi.json`), what a client may hold (`http/limits.rs`:
 //!   connections, header and body bounds), and the one place errors become problem+json.
 //! - [`auth`]: admission tokens (JWT HS256) and the admin token.
 //! - [`catalog`]: SKUs in PostgreSQL, cached in process (unknown SKU = 404, no Redis trip).
@@ -39,6 +40,8 @@
 //! - [`observe`]: what an operator watches that no request produces: the per-SKU gauges
 //!   (`dropgate_sku_*`) and the backends' `_up` gauges, refreshed by a periodic task at a
 //!   bounded cost per round, and each SKU's fail-closed transitions logged once.
+//! - [`live`]: the live drop page's data (`/admin/live`, served by `http/live.rs`): per-SKU
+//!   claim counts of this gateway, rates, p99, journal lag, the SKU view, once a second.
 //! - [`config`], [`db`] (the ledger's pool and the request path's, kept apart), [`metrics`],
 //!   [`app`] (build, bind, run), [`cli`] (subcommands).
 //!
@@ -75,6 +78,7 @@ pub mod inventory;
 pub mod keys;
 pub mod ledger;
 pub mod lifecycle;
+pub mod live;
 pub mod metrics;
 pub mod observe;
 pub mod outbox;

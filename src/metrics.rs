@@ -20,7 +20,7 @@ use crate::claims::Outcome;
 use crate::ledger::SkuView;
 
 /// Latency buckets in seconds: the hot path lives between 100 µs and a few ms.
-const LATENCY_BUCKETS: &[f64] = &[
+pub const LATENCY_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 ];
 /// Batch sizes: claims per coalesced call, rows per writer batch.
@@ -69,7 +69,7 @@ pub const SKU_WAITLIST: &str = "dropgate_sku_waitlist_length";
 pub const SKU_OFFERED: &str = "dropgate_sku_waitlist_offered";
 
 /// Every `outcome` label of [`CLAIMS`]: the decisions, then the failures a claim is answered.
-const CLAIM_OUTCOMES: &[&str] = &[
+pub const CLAIM_OUTCOMES: &[&str] = &[
     "won",
     "replayed",
     "sold_out",

@@ -42,9 +42,9 @@ pub async fn restore(
     let db = catalog.db();
     // One operator action per SKU at a time, across gateways: no restock moves the total
     // while the stock is computed from it.
-    let lock = SkuLock::acquire(db, sku).await?;
+    let mut lock = SkuLock::acquire(db, sku).await?;
     // Restocks in flight move the total: settle them before it is read.
-    crate::inventory::settle_restocks(store, db, sku, lock.epoch, Duration::ZERO).await?;
+    crate::inventory::settle_restocks(store, db, sku, &mut lock, Duration::ZERO).await?;
     let row = catalog::fetch(db, sku)
         .await?
         .ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
@@ -65,10 +65,11 @@ pub async fn restore(
     if present && stale.is_none() && !force {
         return Err(InventoryError::Refused(Refusal::StatePresent));
     }
+    let epoch = lock.epoch().await?;
     // Close the SKU first (claims fail closed), so the ledger stops moving under us; a state a
     // newer operator action touched means this restore's lock is gone.
     if !store
-        .bounded(scripts::close_sku(&mut con, &keys, lock.epoch))
+        .bounded(scripts::close_sku(&mut con, &keys, epoch))
         .await?
     {
         return Err(StoreError::Unavailable("a newer operator action holds the SKU".into()).into());
@@ -90,12 +91,12 @@ pub async fn restore(
     // a newer epoch) has moved it since this restore's lock: a lock lost with its connection
     // would otherwise let a restock finish in between, and the stock computed from a total it
     // changed would sell what it took back.
-    let (total, epoch): (i64, i64) =
+    let (total, current): (i64, i64) =
         sqlx::query_as("SELECT total, op_epoch FROM skus WHERE sku = $1")
             .bind(sku)
             .fetch_one(db)
             .await?;
-    if epoch != lock.epoch {
+    if current != epoch {
         return Err(StoreError::Unavailable("a newer operator action holds the SKU".into()).into());
     }
     let mut stock = total - units;
@@ -119,7 +120,7 @@ pub async fn restore(
                 .arg(row.per_user_limit)
                 .arg(new_seq)
                 .arg(row.declare_id.to_string())
-                .arg(lock.epoch)
+                .arg(epoch)
                 .arg(terms.hold_ms)
                 .arg(terms.offer_ms)
                 .arg(terms.opens_ms.map_or(String::new(), |v| v.to_string()))

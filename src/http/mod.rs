@@ -8,7 +8,10 @@
 mod admin;
 mod lifecycle;
 mod limits;
+mod live;
+mod openapi;
 mod problem;
+mod router;
 mod routes;
 
 use std::convert::Infallible;
@@ -23,6 +26,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use problem::{ApiError, Body};
+pub use router::{Route, ROUTES};
 pub use routes::claim_quantity;
 
 use crate::app::AppState;
@@ -72,7 +76,7 @@ pub async fn serve(
                 let state = state.clone();
                 let svc = service_fn(move |req| {
                     let state = state.clone();
-                    async move { Ok::<_, Infallible>(routes::handle(&state, req).await) }
+                    async move { Ok::<_, Infallible>(router::handle(&state, req).await) }
                 });
                 let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), svc));
                 tokio::spawn(async move {

@@ -2,7 +2,10 @@
 //! `code` of API.md. 5xx bodies are opaque; the cause goes to the log.
 
 use bytes::Bytes;
-use http_body_util::Full;
+use std::convert::Infallible;
+
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{Either, Full};
 use hyper::header::{HeaderMap, HeaderValue, CONNECTION, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{Response, StatusCode};
 use serde::Serialize;
@@ -12,7 +15,14 @@ use crate::config::BODY_READ_TIMEOUT;
 use crate::error::{DbError, StoreError};
 use crate::inventory::{InventoryError, Refusal};
 
-pub type Body = Full<Bytes>;
+/// A response body: whole (every answer but one), or a stream (`/admin/live/stream`). The
+/// `Either` keeps the hot path's bodies unboxed.
+pub type Body = Either<Full<Bytes>, UnsyncBoxBody<Bytes, Infallible>>;
+
+/// A whole body.
+pub fn full(bytes: Bytes) -> Body {
+    Either::Left(Full::new(bytes))
+}
 
 /// Every refusal the gateway answers.
 #[derive(Debug)]
@@ -173,7 +183,7 @@ impl ApiError {
 
     pub fn into_response(self) -> Response<Body> {
         let (status, headers, body) = self.render();
-        let mut resp = Response::new(Full::new(body));
+        let mut resp = Response::new(full(body));
         *resp.status_mut() = status;
         *resp.headers_mut() = headers;
         resp

@@ -1,0 +1,119 @@
+//! The route table and the dispatch. The table is the router's whole surface: a path that
+//! matches no entry is 404, a method an entry does not list is 405 with its `Allow`, and only
+//! then does [`route`] pick the handler. `GET /openapi.json` describes exactly this table;
+//! `tests/api/openapi.rs` checks the two against each other and probes every entry on a live
+//! gateway, so a route cannot be added, removed or given a method without the description.
+
+use std::sync::Arc;
+
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+
+use super::problem::{ApiError, Body};
+use super::routes::{self, json, Result};
+use super::{admin, lifecycle, live, openapi};
+use crate::app::AppState;
+use crate::lifecycle::holds::HoldOp;
+
+/// One path of the API and the methods it answers.
+#[derive(Debug, Clone, Copy)]
+pub struct Route {
+    /// OpenAPI path template: `{name}` matches one path segment (empty included).
+    pub path: &'static str,
+    /// The methods, as an `Allow` header lists them.
+    pub allow: &'static str,
+}
+
+impl Route {
+    /// The methods this route answers.
+    pub fn methods(&self) -> impl Iterator<Item = &'static str> {
+        self.allow.split(", ")
+    }
+
+    /// The path parameters of `segments` if they match this route's template.
+    fn matches<'a>(&self, segments: &[&'a str]) -> Option<Vec<&'a str>> {
+        let template = self.path.trim_start_matches('/').split('/');
+        if template.clone().count() != segments.len() {
+            return None;
+        }
+        let mut params = Vec::new();
+        for (t, s) in template.zip(segments) {
+            if t.starts_with('{') {
+                params.push(*s);
+            } else if t != *s {
+                return None;
+            }
+        }
+        Some(params)
+    }
+}
+
+const fn r(path: &'static str, allow: &'static str) -> Route {
+    Route { path, allow }
+}
+
+/// Every route of the gateway. Adding one: an entry here, an arm in [`route`], its operation
+/// in `src/http/openapi.json`.
+pub const ROUTES: &[Route] = &[
+    r("/v1/skus/{sku}/claims", "POST"),
+    r("/v1/claims/{claim_id}", "GET"),
+    r("/v1/claims/{claim_id}/confirm", "POST"),
+    r("/v1/claims/{claim_id}/cancel", "POST"),
+    r("/v1/skus/{sku}/waitlist", "POST"),
+    r("/v1/waitlist/{entry_id}", "GET, DELETE"),
+    r("/admin/skus/{sku}", "GET, PUT"),
+    r("/admin/skus/{sku}/restock", "POST"),
+    r("/admin/skus/{sku}/restore", "POST"),
+    r("/admin/live", "GET"),
+    r("/admin/live/stream", "GET"),
+    r("/openapi.json", "GET"),
+    r("/healthz", "GET"),
+    r("/readyz", "GET"),
+    r("/metrics", "GET"),
+];
+
+pub async fn handle(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Body> {
+    match route(state, req).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn route(state: &Arc<AppState>, req: Request<Incoming>) -> Result<Response<Body>> {
+    let path = req.uri().path().to_string();
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let (found, params) = ROUTES
+        .iter()
+        .find_map(|r| r.matches(&segments).map(|p| (r, p)))
+        .ok_or(ApiError::NotFound)?;
+    let method = req.method().as_str().to_string();
+    if !found.methods().any(|m| m == method) {
+        return Err(ApiError::MethodNotAllowed(found.allow));
+    }
+    let p = |i: usize| params.get(i).copied().unwrap_or_default();
+    match (found.path, method.as_str()) {
+        ("/v1/skus/{sku}/claims", "POST") => routes::claim(state, p(0), req).await,
+        ("/v1/claims/{claim_id}", "GET") => routes::get_claim(state, p(0), &req).await,
+        ("/v1/claims/{claim_id}/confirm", "POST") => {
+            lifecycle::decide_hold(state, p(0), &req, HoldOp::Confirm).await
+        }
+        ("/v1/claims/{claim_id}/cancel", "POST") => {
+            lifecycle::decide_hold(state, p(0), &req, HoldOp::Cancel).await
+        }
+        ("/v1/skus/{sku}/waitlist", "POST") => lifecycle::join_waitlist(state, p(0), &req).await,
+        ("/v1/waitlist/{entry_id}", "GET") => lifecycle::get_entry(state, p(0), &req).await,
+        ("/v1/waitlist/{entry_id}", "DELETE") => lifecycle::leave_waitlist(state, p(0), &req).await,
+        ("/admin/skus/{sku}", "PUT") => admin::declare(state, p(0), req).await,
+        ("/admin/skus/{sku}", "GET") => admin::sku_view(state, p(0), &req).await,
+        ("/admin/skus/{sku}/restock", "POST") => admin::restock(state, p(0), req).await,
+        ("/admin/skus/{sku}/restore", "POST") => admin::restore(state, p(0), &req).await,
+        ("/admin/live", "GET") => Ok(live::page()),
+        ("/admin/live/stream", "GET") => live::stream(state, &req),
+        ("/openapi.json", "GET") => Ok(openapi::document()),
+        ("/healthz", "GET") => Ok(json(StatusCode::OK, &routes::Status { status: "ok" })),
+        ("/readyz", "GET") => Ok(routes::readyz(state).await),
+        ("/metrics", "GET") => Ok(routes::metrics(state)),
+        // An entry of the table without its arm: tests/api/openapi.rs probes every entry.
+        _ => Err(ApiError::NotFound),
+    }
+}
