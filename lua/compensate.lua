@@ -18,6 +18,8 @@
 --          the SKU state is missing or marked stale (nothing changes; compensate after a
 --          restore).
 --
+-- Publishes KEYS[1] on <prefix>:units-back when it raises the stock (src/soldout.rs).
+--
 -- Invariant: a claim's units come back at most once, and only by the reprocessor that fenced
 -- it last, so a stale lease holder can neither give back twice nor give back a claim that a
 -- newer owner is writing.
@@ -52,4 +54,6 @@ if idem ~= marker then
   end
 end
 redis.call('SET', marker, 'compensated', 'EX', tonumber(ARGV[6]))
+-- Units may be back: every gateway's sold-out cache forgets this SKU (src/soldout.rs).
+redis.call('PUBLISH', (string.gsub(KEYS[1], '{[^{]*$', 'units-back')), KEYS[1])
 return 1

@@ -24,6 +24,8 @@
 -- `seq` is the state's sequence after the operation (the caller records it in PostgreSQL, so
 -- a Redis that comes back without this restock is known to be stale).
 --
+-- Publishes KEYS[1] on <prefix>:units-back when it raises the stock (src/soldout.rs).
+--
 -- Invariant: remaining stock never goes below 0, and one operation moves it at most once: a
 -- retried or late apply finds the marker, and resolve answers an uncertain apply by reading
 -- (fencing it when absent) rather than by sending the delta again. An operator whose lock is
@@ -71,4 +73,8 @@ seq = seq + 1
 redis.call('HSET', state, 'stock', after, 'seq', seq)
 -- The marker holds the sequence this operation produced, so a read-back can report it.
 redis.call('SET', marker, seq, 'EX', tonumber(ARGV[3]))
+if after > stock then
+  -- Units may be back: every gateway's sold-out cache forgets this SKU (src/soldout.rs).
+  redis.call('PUBLISH', (string.gsub(KEYS[1], '{[^{]*$', 'units-back')), KEYS[1])
+end
 return {1, after, seq}

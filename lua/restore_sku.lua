@@ -13,6 +13,8 @@
 --
 -- Returns 1 when restored, 0 when a state is present (nothing changes).
 --
+-- Publishes KEYS[1] on <prefix>:units-back when it raises the stock (src/soldout.rs).
+--
 -- Invariant: the state hash is written last and only when absent: claims stay closed (fail
 -- closed) until stock, counts and the journal's group are all back. The caller has waited for
 -- the journal to be empty, so the ledger it read holds every winner. The counts are staged
@@ -29,4 +31,6 @@ end
 pcall(redis.call, 'XGROUP', 'CREATE', journal, 'writers', '0', 'MKSTREAM')
 redis.call('HSET', state, 'stock', ARGV[1], 'limit', ARGV[2], 'inflight', 0, 'seq', ARGV[3],
   'declare', ARGV[4], 'epoch', ARGV[5])
+-- Units may be back: every gateway's sold-out cache forgets this SKU (src/soldout.rs).
+redis.call('PUBLISH', (string.gsub(KEYS[1], '{[^{]*$', 'units-back')), KEYS[1])
 return 1

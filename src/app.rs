@@ -17,6 +17,7 @@ use crate::freshness::{Marks, Refresher};
 use crate::observe::{FailClosed, Observer};
 use crate::outbox::{OutboxStatus, Relay};
 use crate::reprocess::Reprocessor;
+use crate::soldout::{SoldOut, Watcher};
 use crate::store::Store;
 use crate::writer::{Writer, WriterSignal};
 
@@ -50,6 +51,7 @@ pub struct Application {
     refresher: Refresher,
     observer: Observer,
     relay: Relay,
+    sold_out: Watcher,
     config: Config,
 }
 
@@ -86,6 +88,7 @@ impl Application {
         let marks = Arc::new(Marks::default());
         let closed = Arc::new(FailClosed::default());
         let outbox = Arc::new(OutboxStatus::default());
+        let sold_out = Arc::new(SoldOut::new(config.sold_out_trust));
         let state = Arc::new(AppState {
             catalog: Catalog::new(requests_db),
             verifier: Verifier::new(&config.admission_secret, config.admin_token.clone()),
@@ -95,6 +98,7 @@ impl Application {
                 config.max_queue,
                 wake.clone(),
                 marks.clone(),
+                sold_out.clone(),
             ),
             metrics: crate::metrics::handle(),
             closed: closed.clone(),
@@ -127,6 +131,11 @@ impl Application {
             outbox,
             config.outbox_retention,
         );
+        let sold_out = Watcher {
+            store: store.clone(),
+            redis_url: config.redis_url.clone(),
+            cache: sold_out,
+        };
         let reprocessor = Reprocessor::new(
             store,
             db,
@@ -141,6 +150,7 @@ impl Application {
             refresher,
             observer,
             relay,
+            sold_out,
             config,
         })
     }
@@ -170,6 +180,7 @@ impl Application {
         let refresher = tokio::spawn(self.refresher.run(background.clone()));
         let settler = tokio::spawn(self.state.claims.settler().run(background.clone()));
         let observer = tokio::spawn(self.observer.run(background.clone()));
+        let sold_out = tokio::spawn(self.sold_out.run(background.clone()));
         // Stopped after the writer and the reprocessor, so its flush publishes what they
         // recorded while stopping.
         let relay_stop = CancellationToken::new();
@@ -201,6 +212,7 @@ impl Application {
             let _ = refresher.await;
             let _ = settler.await;
             let _ = observer.await;
+            let _ = sold_out.await;
             relay_stop.cancel();
             let _ = relay.await;
         })

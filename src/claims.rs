@@ -19,6 +19,7 @@ use crate::keys::{bucket_of, SkuKeys};
 use crate::metrics as m;
 use crate::scripts::{self, ClaimInput, Decision};
 use crate::settle::Settler;
+use crate::soldout::SoldOut;
 use crate::store::Store;
 use crate::writer::WriterSignal;
 
@@ -78,6 +79,8 @@ pub struct ClaimService {
     settler: Arc<Settler>,
     /// The ledger's high-water marks: a Redis state behind its SKU's mark never sells.
     marks: Arc<Marks>,
+    /// SKUs Redis said are sold out: refused from memory (the fast path, `soldout.rs`).
+    sold_out: Arc<SoldOut>,
 }
 
 impl ClaimService {
@@ -87,6 +90,7 @@ impl ClaimService {
         max_queue: usize,
         writer: Arc<WriterSignal>,
         marks: Arc<Marks>,
+        sold_out: Arc<SoldOut>,
     ) -> Self {
         ClaimService {
             settler: Arc::new(Settler::new(store.clone(), writer.clone())),
@@ -96,6 +100,7 @@ impl ClaimService {
             max_queue,
             writer,
             marks,
+            sold_out,
         }
     }
 
@@ -119,6 +124,15 @@ impl ClaimService {
     ) -> Result<Outcome, StoreError> {
         let started = Instant::now();
         self.marks.observe(sku, mark);
+        // The sold-out fast path. A keyed claim may be the replay of a win: it asks Redis.
+        if idempotency_key.is_none() && self.sold_out.refuses(sku) {
+            m::fast_refusal();
+            m::claim_decided(&Outcome::SoldOut, started.elapsed());
+            return Ok(Outcome::SoldOut);
+        }
+        // Before the call: what it says about the stock is learned only if no notification
+        // of units coming back arrived in between.
+        let ticket = self.sold_out.ticket();
         let input = ClaimInput {
             claim_id: Uuid::now_v7(),
             user: user.to_string(),
@@ -162,7 +176,12 @@ impl ClaimService {
                 quantity,
                 remaining,
             }),
-            Decision::SoldOut { .. } => Outcome::SoldOut,
+            Decision::SoldOut { remaining } => {
+                if remaining == 0 {
+                    self.sold_out.learn(sku, ticket);
+                }
+                Outcome::SoldOut
+            }
             Decision::LimitReached { .. } => Outcome::LimitReached,
             Decision::KeyReused => Outcome::KeyReused,
             Decision::Shed => Outcome::Shed,

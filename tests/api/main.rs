@@ -19,5 +19,6 @@ mod proxy;
 mod restock;
 mod rollback;
 mod services;
+mod soldout;
 mod stalls;
 mod writer;
