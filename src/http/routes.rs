@@ -30,11 +30,24 @@ pub async fn handle(state: &AppState, req: Request<Incoming>) -> Response<Body> 
     }
 }
 
+/// Most path segments a route has; a longer path matches none.
+const MAX_SEGMENTS: usize = 4;
+
 async fn route(state: &AppState, req: Request<Incoming>) -> Result<Response<Body>> {
-    let path = req.uri().path().to_string();
-    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    // A clone of the URI shares its bytes: the path is borrowed from it, not copied, and the
+    // segments live on the stack (no allocation per request).
+    let uri = req.uri().clone();
+    let mut segments = [""; MAX_SEGMENTS + 1];
+    let mut n = 0;
+    for seg in uri.path().trim_start_matches('/').split('/') {
+        if n == segments.len() {
+            return Err(ApiError::NotFound);
+        }
+        segments[n] = seg;
+        n += 1;
+    }
     let method = req.method().clone();
-    match (segments.as_slice(), &method) {
+    match (&segments[..n], &method) {
         (["v1", "skus", sku, "claims"], &Method::POST) => claim(state, sku, req).await,
         (["v1", "skus", _, "claims"], _) => Err(ApiError::MethodNotAllowed("POST")),
         (["v1", "claims", id], &Method::GET) => get_claim(state, id, &req).await,
