@@ -61,6 +61,32 @@ async fn wins(app: &TestApp, sku: &str, user: &str) -> bool {
     app.claim(sku, user, 1, None).await.status() == 201
 }
 
+/// Waits (at most [`PROMPTLY`]) until a fresh buyer, named `who-<n>`, wins a unit of `sku`.
+async fn sells_again(app: &TestApp, sku: &str, who: &str) {
+    let n = std::sync::atomic::AtomicUsize::new(0);
+    wait_for(PROMPTLY, || {
+        let user = format!(
+            "{who}-{}",
+            n.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        async move { wins(app, sku, &user).await }
+    })
+    .await;
+}
+
+/// Writes `sku`'s stock behind the scripts' back: no notification, as if it were lost.
+async fn set_stock_unannounced(app: &TestApp, sku: &str, units: i64) {
+    let keys = dropgate::keys::SkuKeys::new(&app.probe.prefix, sku);
+    let mut con = app.probe.redis.clone();
+    let _: i64 = redis::cmd("HSET")
+        .arg(keys.state())
+        .arg("stock")
+        .arg(units)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+}
+
 async fn fast_refusals(app: &TestApp) -> u64 {
     let text = app.get("/metrics").await.text().await.unwrap();
     text.lines()
@@ -131,16 +157,7 @@ async fn a_restock_sells_again_promptly() {
     assert_eq!(app.restock("so-2", 2).await.status(), 200);
 
     // Only the restock's notification can end the cached sold-out within this wait.
-    let n = std::sync::atomic::AtomicUsize::new(0);
-    wait_for(PROMPTLY, || {
-        let user = format!(
-            "after-restock-{}",
-            n.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        );
-        let app = &app;
-        async move { wins(app, "so-2", &user).await }
-    })
-    .await;
+    sells_again(&app, "so-2", "after-restock").await;
 }
 
 #[tokio::test]
@@ -172,16 +189,7 @@ async fn a_compensation_sells_again_promptly() {
         assert_eq!(done, 1, "{mode}");
     }
 
-    let n = std::sync::atomic::AtomicUsize::new(0);
-    wait_for(PROMPTLY, || {
-        let user = format!(
-            "after-comp-{}",
-            n.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        );
-        let app = &app;
-        async move { wins(app, "so-3", &user).await }
-    })
-    .await;
+    sells_again(&app, "so-3", "after-comp").await;
 }
 
 #[tokio::test]
@@ -190,27 +198,10 @@ async fn units_back_without_a_notification_sell_again_within_the_bound() {
     // lost message would leave it) is seen by the next re-check.
     let app = gateway(REDIS_URL, "100").await;
     sell_out(&app, "so-4").await;
-    let keys = dropgate::keys::SkuKeys::new(&app.probe.prefix, "so-4");
-    let mut con = app.probe.redis.clone();
 
-    let _: i64 = redis::cmd("HSET")
-        .arg(keys.state())
-        .arg("stock")
-        .arg(1)
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    set_stock_unannounced(&app, "so-4", 1).await;
 
-    let n = std::sync::atomic::AtomicUsize::new(0);
-    wait_for(PROMPTLY, || {
-        let user = format!(
-            "unnotified-{}",
-            n.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        );
-        let app = &app;
-        async move { wins(app, "so-4", &user).await }
-    })
-    .await;
+    sells_again(&app, "so-4", "unnotified").await;
 }
 
 #[tokio::test]
@@ -229,26 +220,10 @@ async fn a_killed_subscription_does_not_leave_a_sku_refusing() {
         .await
         .unwrap();
     assert_eq!(killed, 1);
-    let keys = dropgate::keys::SkuKeys::new(&app.probe.prefix, "so-5");
-    let _: i64 = redis::cmd("HSET")
-        .arg(keys.state())
-        .arg("stock")
-        .arg(1)
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    set_stock_unannounced(&app, "so-5", 1).await;
 
     // Within a wait far shorter than the 60 s trust: the loss itself forgot the SKU.
-    let n = std::sync::atomic::AtomicUsize::new(0);
-    wait_for(PROMPTLY, || {
-        let user = format!(
-            "after-kill-{}",
-            n.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        );
-        let app = &app;
-        async move { wins(app, "so-5", &user).await }
-    })
-    .await;
+    sells_again(&app, "so-5", "after-kill").await;
     // And the gateway subscribes again.
     wait_subscribed(&app).await;
 }
