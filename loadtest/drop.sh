@@ -65,7 +65,7 @@ claims_answered() {
 # drop MODE ROUND: one drop on a fresh gateway; prints its figures.
 drop() {
   local mode=$1 round=$2 db="dg_drop_${ID}_$1_$2" prefix="drop${ID}$1$2" sku=drop-$2
-  local env=() url pid out=$TMP/drop-$1-$2 c0 c1 g0 g1 k0 k1 t0 t_end t_sold n_sold n_end t_pg t_last_win view line kv
+  local env=() url pid out=$TMP/drop-$1-$2 c0 c1 g0 g1 k0 k1 t0 t_end wrk_pid deadline t_sold n_sold n_end t_pg t_last_win view line kv
   [[ $mode == nofast ]] && env=(DROPGATE_SOLD_OUT_TRUST_MS=0)
   start_gateway "gw-$mode-$round" "$db" "$prefix" "${env[@]}"
   url=$GW_URL pid=$GW_PID
@@ -79,11 +79,25 @@ drop() {
     echo "$(now) $(claims_answered "$url") $(redis_calls all)" >"$out.sold"
   ) &
   local sold_watch=$!
+  # The idle command rate (the gateway's background work, this script's watcher), subtracted
+  # from the commands counted after sell-out.
+  local i0 i1
+  i0=$(redis_calls all)
+  sleep 3
+  i1=$(redis_calls all)
   c0=$(redis_cpu) g0=$(proc_cpu "$pid") t0=$(now)
-  WRK_TOKENS=$TOKENS WRK_THREADS=$THREADS WRK_MAX_REQUESTS=$ATTEMPTS timeout -k 5 $((DURATION_S + 30)) \
+  WRK_TOKENS=$TOKENS WRK_THREADS=$THREADS WRK_MAX_REQUESTS=$ATTEMPTS \
     wrk -t"$THREADS" -c"$CONNS" -d"${DURATION_S}s" --latency -s "$HERE/wrk/post.lua" \
-    "$url/v1/skus/$sku/claims" >"$out.wrk" 2>&1 || say "wrk exited with $?"
-  t_end=$(now)
+    "$url/v1/skus/$sku/claims" >"$out.wrk" 2>&1 &
+  local wrk_pid=$! deadline=$((SECONDS + DURATION_S + 30))
+  # wrk waits out -d even when every thread stopped: interrupt it (it then reports) once the
+  # gateway answered every attempt.
+  while kill -0 "$wrk_pid" 2>/dev/null; do
+    (($(claims_answered "$url") >= ATTEMPTS)) && { sleep 0.5; kill -INT "$wrk_pid" 2>/dev/null || true; break; }
+    ((SECONDS < deadline)) || { kill -INT "$wrk_pid" 2>/dev/null || true; break; }
+    sleep 0.2
+  done
+  wait "$wrk_pid" || say "wrk exited with $?"
   n_end=$(claims_answered "$url")
   k1=$(redis_calls all)
   wait "$sold_watch" || true
@@ -97,14 +111,19 @@ drop() {
   line=$(sed -n 's/^WRK_RESULT //p' "$out.wrk")
   [[ -n $line ]] || { cat "$out.wrk" >&2; die "wrk printed no result"; }
   for kv in $line; do printf -v "R_${kv%%=*}" '%s' "${kv#*=}"; done
+  # The last response, as the wrk threads saw it (wall clock, like `now` and PostgreSQL).
+  # shellcheck disable=SC2154
+  t_end=$(awk -v l="$R_last_us" -v f="$R_first_us" 'BEGIN { printf "%.6f", l / 1e6 }')
+  # shellcheck disable=SC2154
+  R_duration_us=$((R_last_us - R_first_us))
   # shellcheck disable=SC2154 # R_* set above
   awk -v mode="$mode" -v round="$round" -v req="$R_requests" -v non2xx="$R_non2xx" \
     -v dur="$R_duration_us" -v p50="$R_p50_us" -v p99="$R_p99_us" -v p999="$R_p999_us" \
     -v t0="$t0" -v t_sold="$t_sold" -v t_end="$t_end" -v n_sold="$n_sold" -v n_end="$n_end" \
-    -v t_pg="$t_pg" -v t_last_win="$t_last_win" -v k0="$k0" -v k1="$k1" -v rcpu="$(sub "$c1" "$c0")" \
+    -v t_pg="$t_pg" -v t_last_win="$t_last_win" -v k0="$k0" -v k1="$k1" -v idle_calls="$(awk -v a="$i0" -v b="$i1" 'BEGIN { print (b - a) / 3 }')" -v rcpu="$(sub "$c1" "$c0")" \
     -v gcpu="$(sub "$g1" "$g0")" -v units="$UNITS" 'BEGIN {
       printf "%-6s round %s: %d attempts in %.2f s = %.0f attempts/s; 201s %d (units %d)\n", mode, round, req, dur / 1e6, req / (dur / 1e6), req - non2xx, units
-      printf "       last unit won %.2f s after the start (seen sold out at %.2f s); after sell-out %.0f attempts/s (%d answers in %.2f s), %.4f Redis commands per attempt\n", t_last_win - t0, t_sold - t0, (n_end - n_sold) / (t_end - t_sold), n_end - n_sold, t_end - t_sold, (k1 - k0) / (n_end - n_sold)
+      printf "       last unit won %.2f s after the start (seen sold out at %.2f s); after sell-out %.0f attempts/s (%d answers in %.2f s), %.4f Redis commands per attempt (idle %.0f/s subtracted)\n", t_last_win - t0, t_sold - t0, (n_end - n_sold) / (t_end - t_sold), n_end - n_sold, t_end - t_sold, (k1 - k0 - idle_calls * (t_end - t_sold)) / (n_end - n_sold), idle_calls
       printf "       latency p50 %.2f ms  p99 %.2f ms  p99.9 %.2f ms\n", p50 / 1000, p99 / 1000, p999 / 1000
       printf "       Redis CPU for the drop %.3f s (%.2f us per attempt); gateway CPU %.3f s (%.2f us per attempt)\n", rcpu, rcpu / req * 1e6, gcpu, gcpu / req * 1e6
       printf "       last winner in PostgreSQL %+.3f s after the last response (%.3f s after the last unit was won)\n", t_pg - t_end, t_pg - t_last_win

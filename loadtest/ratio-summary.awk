@@ -13,6 +13,7 @@ function ratio_line(what, a, b, c,    r, sum, lo, hi, n, x) {
   }
   if (n) printf "  %-44s %.3f (per round %.3f-%.3f)\n", what, sum / n, lo, hi
 }
+function max0(x) { return x < 0 ? 0 : x }
 function mean(arr, k, c,    r, s, n) {
   n = 0; s = 0
   for (r = 1; r <= rounds; r++) if ((k, c, r) in arr) { s += arr[k, c, r]; n++ }
@@ -30,7 +31,10 @@ function mean(arr, k, c,    r, s, n) {
   } else {
     so[k] = 1
     rate["so-" k, 0, r] = $10 / ($12 / 1e6)
-    calls["so-" k, 0, r] = $8 / ($10 - 1); evals["so-" k, 0, r] = $9 / ($10 - 1)
+    # Less what the servers' background work issues in the same time (idle rates).
+    secs = $12 / 1e6
+    calls["so-" k, 0, r] = max0($8 - idle_calls * secs) / ($10 - 1)
+    evals["so-" k, 0, r] = max0($9 - idle_evals * secs) / ($10 - 1)
     gcpu["so-" k, 0, r] = $7 / $10 * 1e6
     p99["so-" k, 0, r] = $14 / 1000
   }
@@ -64,7 +68,7 @@ END {
     for (i = 1; i <= 3; i++) {
       k = o2[i]
       if (!(k in so)) continue
-      printf "  %-10s %9.0f attempts/s  p99 %6.2f ms  Redis commands %.4f per refused attempt (EVALSHA %.4f)  server CPU %5.2f us/attempt\n",
+      printf "  %-10s %9.0f attempts/s  p99 %6.2f ms  Redis commands %.4f per refused attempt (EVALSHA %.4f; idle rates subtracted)  server CPU %5.2f us/attempt\n",
         (k == "nofast" ? "no-fast" : k), mean(rate, "so-" k, 0), mean(p99, "so-" k, 0), mean(calls, "so-" k, 0),
         mean(evals, "so-" k, 0), mean(gcpu, "so-" k, 0)
     }
@@ -75,7 +79,7 @@ END {
     for (r = 1; r <= rounds; r++) if (("so-dropgate", 0, r) in rate && ("so-nofast", 0, r) in rate) { s += rate["so-dropgate", 0, r] / rate["so-nofast", 0, r]; m++ }
     if (m) printf "  %-44s %.2f\n", "attempts/s fast path / DROPGATE_SOLD_OUT_TRUST_MS=0:", s / m
   }
-  printf "\n(idle Redis CPU while nothing ran: %.4f s/s)\n", idle
+  printf "\n(idle Redis while nothing ran: CPU %.4f s/s, %.1f commands/s, %.2f EVALSHA/s)\n", idle, idle_calls, idle_evals
   bad_any = 0
   for (k in bad) if (bad[k] > 0) { printf "WARNING: %s: %d non-2xx answers in runs that should only win\n", k, bad[k]; bad_any = 1 }
   for (k in errs) if (errs[k] > 0) printf "WARNING: %s: %d socket errors\n", k, errs[k]

@@ -92,9 +92,13 @@ say "dropgate ${URL[dropgate]}, reference ${URL[reference]}${BASE_BIN:+, base ${
 say "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # The idle Redis CPU rate (the gateways' background readers, and others on a shared Redis).
-c0=$(redis_cpu)
+# The idle Redis CPU and command rates (every server's background readers, and others on a
+# shared Redis): the after-sell-out figures subtract the idle commands of the run's duration.
+c0=$(redis_cpu) k0=$(redis_calls all) e0=$(redis_calls evalsha)
 sleep 5
 IDLE_CPU_PER_S=$(awk -v a="$c0" -v b="$(redis_cpu)" 'BEGIN { printf "%.6f", (b - a) / 5 }')
+IDLE_CALLS_PER_S=$(awk -v a="$k0" -v b="$(redis_calls all)" 'BEGIN { printf "%.3f", (b - a) / 5 }')
+IDLE_EVALS_PER_S=$(awk -v a="$e0" -v b="$(redis_calls evalsha)" 'BEGIN { printf "%.3f", (b - a) / 5 }')
 
 # Tokens of the buyers, minted once per SKU name (a token may name its SKU; these do not).
 TOKENS=$TMP/tokens.tsv
@@ -155,5 +159,5 @@ for round in $(seq "$ROUNDS"); do
 done
 
 say "done; summary:"
-awk -F'\t' -v idle="$IDLE_CPU_PER_S" -v threads="$THREADS" -v dur="$DURATION_S" -v buyers="$BUYERS" \
+awk -F'\t' -v idle="$IDLE_CPU_PER_S" -v idle_calls="$IDLE_CALLS_PER_S" -v idle_evals="$IDLE_EVALS_PER_S" -v threads="$THREADS" -v dur="$DURATION_S" -v buyers="$BUYERS" \
   -f "$HERE/ratio-summary.awk" "$RESULTS"
