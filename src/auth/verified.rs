@@ -4,9 +4,11 @@
 //! is kept, keyed by the exact token, and the expiry checked again on every use (as
 //! `jsonwebtoken` checks it: expired once `exp` is before now, no leeway). Only tokens that
 //! verified are kept: a forged or malformed token costs the full check every time and takes
-//! no room. The set is bounded: [`SHARDS`] maps of at most [`PER_SHARD`] tokens each (≈ 250
-//! bytes a token, so ≈ 32 MiB when full); a full shard drops an arbitrary entry, which keeps
-//! about the hit rate of random eviction when buyers outnumber the room.
+//! no room. The set is bounded: [`SHARDS`] maps of at most [`PER_SHARD`] tokens each, 262,144
+//! in all (≈ 250 bytes a token, so ≈ 64 MiB when full): room for the buyers of a large drop
+//! (200,000 in `loadtest/drop.sh`, each retrying), which a smaller set cycled through would
+//! miss every time. A full shard drops an arbitrary entry, which keeps about the hit rate of
+//! random eviction when buyers outnumber the room.
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
@@ -15,7 +17,7 @@ use std::hash::BuildHasher;
 use parking_lot::Mutex;
 
 const SHARDS: usize = 16;
-const PER_SHARD: usize = 8_192;
+const PER_SHARD: usize = 16_384;
 
 /// What a verified token says.
 #[derive(Debug, Clone)]
