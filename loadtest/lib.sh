@@ -126,6 +126,87 @@ start_gateway() {
   addr=$(wait_listen "$BG_PID" "$TMP/$name.log")
   # shellcheck disable=SC2034 # read by the sourcing script
   GW_URL="http://$addr"
+  # shellcheck disable=SC2034
+  GW_PID=$(server_pid "$BG_PID") GW_WRAPPER=$BG_PID
+}
+
+# server_pid WRAPPER: the pid of the server a `timeout` wrapper (start_bg) runs.
+server_pid() {
+  local pid
+  for _ in $(seq 50); do
+    pid=$(pgrep -P "$1" | head -1) && [[ -n $pid ]] && { echo "$pid"; return; }
+    sleep 0.1
+  done
+  die "no child of $1"
+}
+
+# proc_cpu PID: CPU seconds (user + system) the process has used so far.
+proc_cpu() {
+  awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); printf "%.4f", ($12 + $13) / hz }' "/proc/$1/stat"
+}
+
+sub() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.6f", a - b }'; }
+
+# start_private_redis_or_shared PREFIX: a private redis-server on a free port
+# (RATIO_REDIS=private, the default), or the shared one with PREFIX* cleaned up at the end.
+# Sets RPORT, RCLI, REDIS_URL and IDLE_CPU_PER_S (Redis's CPU rate with everything idle).
+start_private_redis_or_shared() {
+  if [[ ${RATIO_REDIS:-private} == private ]]; then
+    RPORT=$(free_port)
+    start_bg "$TMP/redis.log" redis-server --bind 127.0.0.1 --port "$RPORT" --save '' \
+      --appendonly no --dir "$TMP" --protected-mode yes
+    RCLI=(redis-cli -h 127.0.0.1 -p "$RPORT")
+    for _ in $(seq 100); do
+      [[ $("${RCLI[@]}" PING 2>/dev/null) == PONG ]] && break
+      sleep 0.1
+    done
+    [[ $("${RCLI[@]}" PING 2>/dev/null) == PONG ]] || die "the private redis-server did not start"
+  else
+    RPORT=6379
+    RCLI=("${SHARED_REDIS_CLI[@]}")
+    PREFIXES+=("$1"g "$1"b "$1"n "$1"r "$1")
+  fi
+  export REDIS_URL=redis://127.0.0.1:$RPORT
+}
+
+# Redis's CPU seconds so far (INFO cpu: used_cpu_sys + used_cpu_user).
+redis_cpu() {
+  "${RCLI[@]}" INFO cpu | tr -d '\r' |
+    awk -F: '$1 == "used_cpu_sys" || $1 == "used_cpu_user" { s += $2 } END { printf "%.6f", s }'
+}
+
+# redis_calls all|evalsha: commands Redis ran so far (INFO commandstats; scripts' own calls
+# included in "all").
+redis_calls() {
+  "${RCLI[@]}" INFO commandstats | tr -d '\r' | awk -v which="$1" -F'[:=,]' '
+    /^cmdstat_/ { if (which == "all" || $1 == "cmdstat_" which) s += $3 }
+    END { printf "%d", s }'
+}
+
+# wrk_run NAME URL CONNS: one bounded wrk run with the buyers of $TOKENS (WRK_TOKENS);
+# sets R_* from its WRK_RESULT line.
+wrk_run() {
+  local name=$1 url=$2 conns=$3 out=$TMP/$1.wrk line kv
+  WRK_TOKENS=${TOKENS:-} WRK_THREADS=$THREADS timeout -k 5 $((DURATION_S + 30)) \
+    wrk -t"$THREADS" -c"$conns" -d"${DURATION_S}s" --latency -s "$HERE/wrk/post.lua" "$url" >"$out" 2>&1 ||
+    say "wrk $name exited with $?"
+  line=$(sed -n 's/^WRK_RESULT //p' "$out")
+  [[ -n $line ]] || { cat "$out" >&2; die "wrk $name printed no result"; }
+  for kv in $line; do printf -v "R_${kv%%=*}" '%s' "${kv#*=}"; done
+}
+
+# record TYPE KIND CONNS ROUND UNITS REDIS_CPU_S GW_CPU_S CALLS EVALSHAS: one line of results
+# (R_* from wrk_run, the rest from the arguments), echoed readably.
+# shellcheck disable=SC2154 # R_* are set by wrk_run through printf -v
+record() {
+  local errors=$((R_connect + R_read + R_write + R_timeout))
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" \
+    "$R_requests" "$R_non2xx" "$R_duration_us" "$R_p50_us" "$R_p99_us" "$R_p999_us" "$errors" >>"$RESULTS"
+  awk -F'\t' '{
+    rate = $10 / ($12 / 1e6); won = $10 - $11
+    printf "%-8s %-9s c%-4s round %s: %9.0f req/s  2xx %d  p50 %6.2f ms  p99 %6.2f ms  redis cpu %.3f s  gateway cpu %.3f s  units %d  socket errors %d\n",
+      $1, $2, $3, $4, rate, won, $13 / 1000, $14 / 1000, $6, $7, $5, $16
+  }' <<<"$(tail -1 "$RESULTS")" >&2
 }
 
 # admin METHOD URL [BODY]: an admin call; prints the body, fails on a transport error.

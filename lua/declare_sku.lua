@@ -13,6 +13,8 @@
 -- the hold and offer times and the window changed); -1 in "update" mode when the state is missing (Redis lost it; see restore); -2 in
 -- "seed" mode when a state stamped with another declare id is present (nothing changes).
 --
+-- Publishes KEYS[1] on <prefix>:units-back when it raises the stock (src/soldout.rs).
+--
 -- Invariant: stock is written only when the state hash does not exist, so a re-declare or a
 -- restart of every gateway never re-sells units already sold, and stock nobody declared in
 -- this catalog is never sold as this catalog's.
@@ -41,4 +43,6 @@ redis.call('HSET', state, 'stock', ARGV[2], 'inflight', 0, 'seq', 0, 'declare', 
 terms()
 -- The group starts at 0 so entries appended before any writer connects are still delivered.
 pcall(redis.call, 'XGROUP', 'CREATE', journal, 'writers', '0', 'MKSTREAM')
+-- Units may be back: every gateway's sold-out cache forgets this SKU (src/soldout.rs).
+redis.call('PUBLISH', (string.gsub(KEYS[1], '{[^{]*$', 'units-back')), KEYS[1])
 return 1

@@ -24,6 +24,9 @@
 -- `seq` is the state's sequence after the operation (the caller records it in PostgreSQL, so
 -- a Redis that comes back without this restock is known to be stale).
 --
+-- Publishes KEYS[1] on <prefix>:units-back when it raises the stock (give_back in
+-- lib/lifecycle.lua; src/soldout.rs).
+--
 -- Invariant: remaining stock never goes below 0, and one operation moves it at most once: a
 -- retried or late apply finds the marker, and resolve answers an uncertain apply by reading
 -- (fencing it when absent) rather than by sending the delta again. An operator whose lock is

@@ -16,6 +16,8 @@
 --
 -- Returns 1 when restored, 0 when a state is present (nothing changes).
 --
+-- Publishes KEYS[1] on <prefix>:units-back when it raises the stock (src/soldout.rs).
+--
 -- Invariant: the state hash is written last and only when absent: claims stay closed (fail
 -- closed) until stock, counts and the journal's group are all back. The caller has waited for
 -- the journal to be empty, so the ledger it read holds every winner. The counts are staged
@@ -35,4 +37,6 @@ redis.call('HSET', state, 'stock', ARGV[1], 'limit', ARGV[2], 'inflight', 0, 'se
   'wl_order', ARGV[10])
 if ARGV[8] ~= '' then redis.call('HSET', state, 'opens_ms', ARGV[8]) end
 if ARGV[9] ~= '' then redis.call('HSET', state, 'closes_ms', ARGV[9]) end
+-- Units may be back: every gateway's sold-out cache forgets this SKU (src/soldout.rs).
+redis.call('PUBLISH', (string.gsub(KEYS[1], '{[^{]*$', 'units-back')), KEYS[1])
 return 1

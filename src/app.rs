@@ -19,6 +19,7 @@ use crate::live::Live;
 use crate::observe::{FailClosed, Observer};
 use crate::outbox::{OutboxStatus, Relay};
 use crate::reprocess::Reprocessor;
+use crate::soldout::{SoldOut, Watcher};
 use crate::store::Store;
 use crate::writer::{Writer, WriterSignal};
 
@@ -56,6 +57,7 @@ pub struct Application {
     expirer: Expirer,
     observer: Observer,
     relay: Relay,
+    sold_out: Watcher,
     config: Config,
 }
 
@@ -92,6 +94,7 @@ impl Application {
         let marks = Arc::new(Marks::default());
         let closed = Arc::new(FailClosed::default());
         let outbox = Arc::new(OutboxStatus::default());
+        let sold_out = Arc::new(SoldOut::new(config.sold_out_trust));
         let state = Arc::new(AppState {
             catalog: Catalog::new(requests_db),
             verifier: Verifier::new(&config.admission_secret, config.admin_token.clone()),
@@ -101,6 +104,7 @@ impl Application {
                 config.max_queue,
                 wake.clone(),
                 marks.clone(),
+                sold_out.clone(),
             ),
             metrics: crate::metrics::handle(),
             closed: closed.clone(),
@@ -139,6 +143,11 @@ impl Application {
             outbox,
             config.outbox_retention,
         );
+        let sold_out = Watcher {
+            store: store.clone(),
+            redis_url: config.redis_url.clone(),
+            cache: sold_out,
+        };
         let reprocessor = Reprocessor::new(
             store,
             db,
@@ -154,6 +163,7 @@ impl Application {
             expirer,
             observer,
             relay,
+            sold_out,
             config,
         })
     }
@@ -184,6 +194,7 @@ impl Application {
         let expirer = tokio::spawn(self.expirer.run(background.clone()));
         let settler = tokio::spawn(self.state.claims.settler().run(background.clone()));
         let observer = tokio::spawn(self.observer.run(background.clone()));
+        let sold_out = tokio::spawn(self.sold_out.run(background.clone()));
         // Stopped after the writer and the reprocessor, so its flush publishes what they
         // recorded while stopping.
         let relay_stop = CancellationToken::new();
@@ -216,6 +227,7 @@ impl Application {
             let _ = expirer.await;
             let _ = settler.await;
             let _ = observer.await;
+            let _ = sold_out.await;
             relay_stop.cancel();
             let _ = relay.await;
         })

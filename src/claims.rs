@@ -19,6 +19,7 @@ use crate::keys::{bucket_of, SkuKeys};
 use crate::metrics as m;
 use crate::scripts::{self, ClaimInput, Decision};
 use crate::settle::Settler;
+use crate::soldout::SoldOut;
 use crate::store::Store;
 use crate::writer::WriterSignal;
 
@@ -83,6 +84,8 @@ pub struct ClaimService {
     settler: Arc<Settler>,
     /// The ledger's high-water marks: a Redis state behind its SKU's mark never sells.
     marks: Arc<Marks>,
+    /// SKUs Redis said are sold out: refused from memory (the fast path, `soldout.rs`).
+    sold_out: Arc<SoldOut>,
 }
 
 impl ClaimService {
@@ -92,6 +95,7 @@ impl ClaimService {
         max_queue: usize,
         writer: Arc<WriterSignal>,
         marks: Arc<Marks>,
+        sold_out: Arc<SoldOut>,
     ) -> Self {
         ClaimService {
             settler: Arc::new(Settler::new(store.clone(), writer.clone())),
@@ -101,6 +105,7 @@ impl ClaimService {
             max_queue,
             writer,
             marks,
+            sold_out,
         }
     }
 
@@ -126,6 +131,15 @@ impl ClaimService {
     ) -> Result<Outcome, StoreError> {
         let started = Instant::now();
         self.marks.observe(sku, mark);
+        // The sold-out fast path. A keyed claim may be the replay of a win: it asks Redis.
+        if idempotency_key.is_none() && self.sold_out.refuses(sku) {
+            m::fast_refusal();
+            m::claim_decided(&Outcome::SoldOut, started.elapsed());
+            return Ok(Outcome::SoldOut);
+        }
+        // Before the call: what it says about the stock is learned only if no notification
+        // of units coming back arrived in between.
+        let ticket = self.sold_out.ticket();
         let input = ClaimInput {
             claim_id: crate::ids::mint(tag),
             user: user.to_string(),
@@ -180,7 +194,12 @@ impl ClaimService {
             }),
             Decision::NotOpen => Outcome::NotOpen,
             Decision::Closed => Outcome::Closed,
-            Decision::SoldOut { .. } => Outcome::SoldOut,
+            Decision::SoldOut { remaining } => {
+                if remaining == 0 {
+                    self.sold_out.learn(sku, ticket);
+                }
+                Outcome::SoldOut
+            }
             Decision::LimitReached { .. } => Outcome::LimitReached,
             Decision::KeyReused => Outcome::KeyReused,
             Decision::Shed => Outcome::Shed,

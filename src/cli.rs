@@ -63,6 +63,10 @@ pub struct DemoArgs {
 pub struct TokenArgs {
     #[arg(long)]
     pub user: String,
+    /// Mint tokens for `<user>-0` .. `<user>-<count - 1>` instead, one `user<TAB>token` line
+    /// each (the load tools' distinct buyers).
+    #[arg(long)]
+    pub count: Option<u32>,
     #[arg(long)]
     pub sku: Option<String>,
     #[arg(long, default_value_t = 3600)]

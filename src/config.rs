@@ -46,6 +46,8 @@ pub const ENV_MAX_CONNECTIONS: &str = "DROPGATE_MAX_CONNECTIONS";
 pub const DEFAULT_MAX_CONNECTIONS: &str = "10000";
 /// How often the per-SKU gauges (`dropgate_sku_*`) and the backends' `_up` gauges are
 /// refreshed; each round reads at most [`crate::observe::SKUS_PER_ROUND`] SKU views.
+pub const ENV_SOLD_OUT_TRUST_MS: &str = "DROPGATE_SOLD_OUT_TRUST_MS";
+pub const DEFAULT_SOLD_OUT_TRUST_MS: &str = "100";
 pub const ENV_SKU_GAUGES_INTERVAL_MS: &str = "DROPGATE_SKU_GAUGES_INTERVAL_MS";
 pub const DEFAULT_SKU_GAUGES_INTERVAL_MS: &str = "5000";
 /// "1" writes log lines as JSON (one object per line) for a log shipper. Read by `main.rs`
@@ -151,6 +153,8 @@ pub struct RawConfig {
     pub max_connections: String,
     #[arg(long, env = ENV_SKU_GAUGES_INTERVAL_MS, default_value = DEFAULT_SKU_GAUGES_INTERVAL_MS)]
     pub sku_gauges_interval_ms: String,
+    #[arg(long, env = ENV_SOLD_OUT_TRUST_MS, default_value = DEFAULT_SOLD_OUT_TRUST_MS)]
+    pub sold_out_trust_ms: String,
     #[arg(long, env = ENV_NATS_URL, hide_env_values = true)]
     pub nats_url: Option<String>,
     #[arg(long, env = ENV_NATS_STREAM, default_value = DEFAULT_NATS_STREAM)]
@@ -181,6 +185,7 @@ impl Default for RawConfig {
             max_queue: DEFAULT_MAX_QUEUE.into(),
             max_connections: DEFAULT_MAX_CONNECTIONS.into(),
             sku_gauges_interval_ms: DEFAULT_SKU_GAUGES_INTERVAL_MS.into(),
+            sold_out_trust_ms: DEFAULT_SOLD_OUT_TRUST_MS.into(),
             nats_url: None,
             nats_stream: DEFAULT_NATS_STREAM.into(),
             nats_subject_prefix: DEFAULT_NATS_SUBJECT_PREFIX.into(),
@@ -208,6 +213,9 @@ pub struct Config {
     pub max_queue: usize,
     pub max_connections: usize,
     pub sku_gauges_interval: Duration,
+    /// How long a sold-out read from Redis answers claims from memory (0: never; see
+    /// `soldout.rs`).
+    pub sold_out_trust: Duration,
     /// Where claim events go; `None`: nowhere yet (the outbox fills).
     pub nats: Option<NatsConfig>,
     /// Sent events are deleted from `outbox` after this long.
@@ -325,6 +333,7 @@ impl RawConfig {
             100,
             3_600_000,
         );
+        let sold_out_trust = num(ENV_SOLD_OUT_TRUST_MS, &self.sold_out_trust_ms, 0, 60_000);
         let duplicate_window = num(
             ENV_NATS_DUPLICATE_WINDOW_SECS,
             &self.nats_duplicate_window_secs,
@@ -368,6 +377,7 @@ impl RawConfig {
                 max_queue: max_queue as usize,
                 max_connections: max_connections as usize,
                 sku_gauges_interval: Duration::from_millis(sku_gauges),
+                sold_out_trust: Duration::from_millis(sold_out_trust),
                 nats: self.nats_url.as_ref().map(|url| NatsConfig {
                     url: Secret::new(url.as_str()),
                     stream: self.nats_stream.clone(),

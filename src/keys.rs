@@ -13,6 +13,12 @@ pub fn bucket_of(claim_id: &uuid::Uuid) -> u64 {
     ms / CLAIM_BUCKET_MS
 }
 
+/// The channel on which scripts that can raise a SKU's stock publish its state key (see
+/// [`crate::soldout`]). Not a key: Redis Cluster broadcasts it to every node.
+pub fn units_back_channel(prefix: &str) -> String {
+    format!("{prefix}:units-back")
+}
+
 /// The key names of one SKU under one gateway prefix.
 #[derive(Debug, Clone)]
 pub struct SkuKeys {
@@ -30,6 +36,11 @@ impl SkuKeys {
     /// Hash of `stock`, `limit` and `inflight`; its absence means Redis lost the SKU.
     pub fn state(&self) -> String {
         format!("{}state", self.head)
+    }
+
+    /// The SKU of a state key `<prefix>:{<sku>}:state`, given `head` = `<prefix>:{`.
+    pub fn sku_of_state<'a>(head: &str, key: &'a str) -> Option<&'a str> {
+        key.strip_prefix(head)?.strip_suffix("}:state")
     }
 
     /// Hash of user id to units held.
@@ -148,6 +159,15 @@ mod tests {
         {
             assert!(key.starts_with("dg:{drop-1}:"), "{key}");
         }
+    }
+
+    #[test]
+    fn a_state_key_names_its_sku_and_the_units_back_channel_shares_the_prefix() {
+        let k = SkuKeys::new("dg", "drop-1");
+        assert_eq!(SkuKeys::sku_of_state("dg:{", &k.state()), Some("drop-1"));
+        assert_eq!(SkuKeys::sku_of_state("dg:{", &k.users()), None);
+        assert_eq!(SkuKeys::sku_of_state("dgx:{", &k.state()), None);
+        assert_eq!(units_back_channel("dg"), "dg:units-back");
     }
 
     #[test]

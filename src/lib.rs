@@ -14,6 +14,8 @@
 //!   them (`lifecycle/restore.rs`); each decision one script call on Redis's clock, journaled
 //!   like a win. [`ids`]: claim and entry ids carry their SKU's tag, so a claim is found by id
 //!   alone before the writer has it.
+//! - [`soldout`]: the sold-out fast path: SKUs Redis said have no stock, refused from
+//!   memory until a script publishes that units came back (at most 100 ms stale).
 //! - [`settle`]: keeps reading back the claims whose outcome stayed unknown (503
 //!   `outcome_unknown`) until each is won or fenced.
 //! - [`freshness`]: the state sequence and the ledger's high-water mark: a Redis that came back
@@ -48,9 +50,9 @@
 //! # The path of a claim
 //!
 //! `POST /v1/skus/{sku}/claims` → [`http`] checks the token, the body and the SKU (catalog
-//! cache) → [`claims::ClaimService::claim`] mints a UUIDv7 and queues on the SKU's lane → one
-//! `claim.lua` call decides the lane's queued claims: idempotency record, per-user count,
-//! stock, decrement, and a journal entry, atomically, unless the state is behind the ledger's
+//! cache) → [`claims::ClaimService::claim`] refuses a SKU known sold out from memory
+//! ([`soldout`]), or mints a UUIDv7 and queues on the SKU's lane → one `claim.lua` call
+//! decides the lane's queued claims: idempotency record, per-user count, stock, decrement, and a journal entry, atomically, unless the state is behind the ledger's
 //! mark (stale: 503) (a call that gets no answer is settled by `resolve_claim.lua`, reading;
 //! when even that gets no answer, 503 `outcome_unknown` and the [`settle`] task goes on) →
 //! 201/409/422 → the [`writer`] reads the journal, inserts
@@ -87,5 +89,6 @@ pub mod reprocess;
 pub mod restore;
 pub mod scripts;
 pub mod settle;
+pub mod soldout;
 pub mod store;
 pub mod writer;

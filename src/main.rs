@@ -39,23 +39,13 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Token(t) => {
-            match dropgate::auth::mint(
-                &Secret::new(t.admission_secret),
-                &t.user,
-                t.sku.as_deref(),
-                t.ttl,
-            ) {
-                Ok(token) => {
-                    println!("{token}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("cannot mint a token: {e}");
-                    ExitCode::FAILURE
-                }
+        Command::Token(t) => match mint_tokens(&t) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("cannot mint a token: {e}");
+                ExitCode::FAILURE
             }
-        }
+        },
         Command::Serve(raw) => match raw.validate() {
             Err(e) => {
                 eprintln!("{e}");
@@ -85,4 +75,25 @@ fn report(r: anyhow::Result<()>) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `dropgate token`: one token, or `--count` of them for distinct users.
+fn mint_tokens(t: &dropgate::cli::TokenArgs) -> anyhow::Result<()> {
+    use std::io::Write;
+    let secret = Secret::new(t.admission_secret.clone());
+    let Some(count) = t.count else {
+        println!(
+            "{}",
+            dropgate::auth::mint(&secret, &t.user, t.sku.as_deref(), t.ttl)?
+        );
+        return Ok(());
+    };
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    for i in 0..count {
+        let user = format!("{}-{i}", t.user);
+        let token = dropgate::auth::mint(&secret, &user, t.sku.as_deref(), t.ttl)?;
+        writeln!(out, "{user}\t{token}")?;
+    }
+    out.flush()?;
+    Ok(())
 }

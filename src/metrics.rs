@@ -13,7 +13,10 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter,
+    Histogram,
+};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::claims::Outcome;
@@ -38,6 +41,8 @@ pub const CLAIMS: &str = "dropgate_claims_total";
 pub const CLAIM_LATENCY: &str = "dropgate_claim_latency_seconds";
 pub const REDIS_CALL: &str = "dropgate_redis_call_seconds";
 pub const COALESCED_BATCH: &str = "dropgate_coalesced_batch_claims";
+pub const FAST_REFUSALS: &str = "dropgate_claim_fast_refusals_total";
+pub const SOLD_OUT_RECHECKS: &str = "dropgate_sold_out_rechecks_total";
 pub const UNCERTAIN_OUTCOMES: &str = "dropgate_uncertain_outcomes_total";
 pub const JOURNAL_LAG: &str = "dropgate_journal_lag_seconds";
 pub const WRITER_BATCH_ROWS: &str = "dropgate_writer_batch_rows";
@@ -149,6 +154,16 @@ fn register() {
     );
     let _registered = histogram!(COALESCED_BATCH);
     describe_counter!(
+        FAST_REFUSALS,
+        "Claims refused sold_out from memory, without a Redis call (also counted in dropgate_claims_total)"
+    );
+    counter!(FAST_REFUSALS).increment(0);
+    describe_counter!(
+        SOLD_OUT_RECHECKS,
+        "Stock reads of SKUs known sold out, that keep the fast path's answers at most 100 ms old"
+    );
+    counter!(SOLD_OUT_RECHECKS).increment(0);
+    describe_counter!(
         UNCERTAIN_OUTCOMES,
         "Claim calls that got no answer and were read back"
     );
@@ -254,9 +269,38 @@ fn register() {
     );
 }
 
+/// Handles of the metrics every claim touches, looked up once: `counter!` with a label hashes
+/// the name and labels into the registry on every call.
+struct PerClaim {
+    outcomes: Vec<(&'static str, Counter)>,
+    latency: Histogram,
+    fast_refusals: Counter,
+}
+
+fn per_claim() -> &'static PerClaim {
+    static HANDLES: OnceLock<PerClaim> = OnceLock::new();
+    HANDLES.get_or_init(|| {
+        // The recorder first, so these handles are never the no-op ones.
+        let _ = handle();
+        PerClaim {
+            outcomes: CLAIM_OUTCOMES
+                .iter()
+                .map(|o| (*o, counter!(CLAIMS, "outcome" => *o)))
+                .collect(),
+            latency: histogram!(CLAIM_LATENCY),
+            fast_refusals: counter!(FAST_REFUSALS),
+        }
+    })
+}
+
 pub fn claim_decided(outcome: &Outcome, took: Duration) {
-    counter!(CLAIMS, "outcome" => outcome_label(outcome)).increment(1);
-    histogram!(CLAIM_LATENCY).record(took.as_secs_f64());
+    let h = per_claim();
+    let label = outcome_label(outcome);
+    match h.outcomes.iter().find(|(o, _)| *o == label) {
+        Some((_, c)) => c.increment(1),
+        None => counter!(CLAIMS, "outcome" => label).increment(1),
+    }
+    h.latency.record(took.as_secs_f64());
 }
 
 /// The `outcome` label of a decision (also the `outcome` field of its log line).
@@ -279,6 +323,15 @@ pub fn claim_failed(code: &'static str) {
 
 pub fn redis_call(script: &'static str, took: Duration) {
     histogram!(REDIS_CALL, "script" => script).record(took.as_secs_f64());
+}
+
+/// A claim refused `sold_out` from memory (see [`crate::soldout`]).
+pub fn fast_refusal() {
+    per_claim().fast_refusals.increment(1);
+}
+
+pub fn sold_out_rechecks(skus: usize) {
+    counter!(SOLD_OUT_RECHECKS).increment(skus as u64);
 }
 
 pub fn coalesced_batch(size: usize) {

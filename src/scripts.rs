@@ -142,8 +142,28 @@ pub async fn claim<C: ConnectionLike>(
     now_ms: i64,
     floor: i64,
 ) -> Result<Vec<Decision>, StoreError> {
-    let Some(first) = claims.first() else {
+    if claims.is_empty() {
         return Ok(Vec::new());
+    }
+    let reply: Value = claim_invocation(keys, claims, now_ms, floor)?
+        .invoke_async(con)
+        .await?;
+    parse_claim_reply(reply, claims.len())
+}
+
+/// The `claim.lua` call deciding `claims` (at least one), built but not sent: its keys and
+/// arguments in the script's order (`benches/instructions.rs` counts what this costs).
+///
+/// # Errors
+/// [`StoreError::Protocol`] when `claims` is empty or spans two record buckets.
+pub fn claim_invocation<'a>(
+    keys: &SkuKeys,
+    claims: &[ClaimInput],
+    now_ms: i64,
+    floor: i64,
+) -> Result<redis::ScriptInvocation<'a>, StoreError> {
+    let Some(first) = claims.first() else {
+        return Err(StoreError::Protocol("no claims to decide".into()));
     };
     let bucket = bucket_of(&first.claim_id);
     if claims.iter().any(|c| bucket_of(&c.claim_id) != bucket) {
@@ -172,11 +192,15 @@ pub async fn claim<C: ConnectionLike>(
             .arg(c.quantity)
             .arg(c.idempotency_key.as_deref().unwrap_or(""));
     }
-    let reply: Value = inv.invoke_async(con).await?;
-    parse_claim_reply(reply, claims.len())
+    Ok(inv)
 }
 
-fn parse_claim_reply(reply: Value, n: usize) -> Result<Vec<Decision>, StoreError> {
+/// Reads `claim.lua`'s reply for `n` claims.
+///
+/// # Errors
+/// [`StoreError::SkuLost`] and [`StoreError::Stale`] as the script says;
+/// [`StoreError::Protocol`] for a reply of another shape.
+pub fn parse_claim_reply(reply: Value, n: usize) -> Result<Vec<Decision>, StoreError> {
     let items = match reply {
         Value::Array(items) => items,
         other => return Err(StoreError::Protocol(format!("claim: {other:?}"))),

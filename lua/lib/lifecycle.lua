@@ -100,6 +100,8 @@ local function give_back(units, now, seq)
   end
   if units > 0 then
     redis.call('HINCRBY', K[1], 'stock', units)
+    -- Units may be back: every gateway's sold-out cache forgets this SKU (src/soldout.rs).
+    redis.call('PUBLISH', (string.gsub(KEYS[1], '{[^{]*$', 'units-back')), KEYS[1])
   end
   return seq
 end

@@ -1,6 +1,9 @@
 //! The one place that turns failures and refusals into HTTP: RFC 9457 problem+json with the
 //! `code` of API.md. 5xx bodies are opaque; the cause goes to the log.
 
+use std::collections::HashMap;
+use std::sync::LazyLock;
+
 use bytes::Bytes;
 use std::convert::Infallible;
 
@@ -8,6 +11,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{Either, Full};
 use hyper::header::{HeaderMap, HeaderValue, CONNECTION, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{Response, StatusCode};
+use parking_lot::RwLock;
 use serde::Serialize;
 
 use crate::catalog::CatalogError;
@@ -252,20 +256,17 @@ impl ApiError {
             }
             _ => None,
         };
-        let body = Problem {
-            kind: format!("/problems/{}", code.replace('_', "-")),
-            title,
-            status: status.as_u16(),
-            code,
-            detail,
-            claim_id: match &self {
-                ApiError::OutcomeUnknown(id)
-                | ApiError::Unavailable(StoreError::OutcomeUnknown(id)) => Some(*id),
-                _ => None,
-            },
+        let claim_id = match &self {
+            ApiError::OutcomeUnknown(id)
+            | ApiError::Unavailable(StoreError::OutcomeUnknown(id)) => Some(*id),
+            _ => None,
         };
-        let bytes = serde_json::to_vec(&body).unwrap_or_default();
-        let mut h = HeaderMap::new();
+        let bytes = match (detail, claim_id) {
+            // The hot refusals (sold_out above all) carry neither: rendered once per code.
+            (None, None) => plain_body(status, code, title),
+            (detail, claim_id) => problem_body(status, code, title, detail, claim_id),
+        };
+        let mut h = HeaderMap::with_capacity(2);
         h.insert(
             CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
@@ -283,13 +284,43 @@ impl ApiError {
             }
             _ => {}
         }
-        (status, h, Bytes::from(bytes))
+        (status, h, bytes)
     }
 
     /// The metric label of a refused claim.
     pub fn code(&self) -> &'static str {
         self.parts().1
     }
+}
+
+fn problem_body(
+    status: StatusCode,
+    code: &str,
+    title: &str,
+    detail: Option<String>,
+    claim_id: Option<uuid::Uuid>,
+) -> Bytes {
+    let body = Problem {
+        kind: format!("/problems/{}", code.replace('_', "-")),
+        title,
+        status: status.as_u16(),
+        code,
+        detail,
+        claim_id,
+    };
+    Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
+}
+
+/// The body of a problem with no detail and no claim id: the same bytes every time for a
+/// code, so rendered once and shared (a `Bytes` clone is a reference count).
+fn plain_body(status: StatusCode, code: &'static str, title: &'static str) -> Bytes {
+    static PLAIN: LazyLock<RwLock<HashMap<&'static str, Bytes>>> = LazyLock::new(Default::default);
+    if let Some(b) = PLAIN.read().get(code) {
+        return b.clone();
+    }
+    let b = problem_body(status, code, title, None, None);
+    PLAIN.write().insert(code, b.clone());
+    b
 }
 
 impl From<StoreError> for ApiError {

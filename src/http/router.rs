@@ -72,6 +72,9 @@ pub const ROUTES: &[Route] = &[
     r("/metrics", "GET"),
 ];
 
+/// Most path segments a route has; a longer path matches none.
+const MAX_SEGMENTS: usize = 4;
+
 pub async fn handle(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Body> {
     match route(state, req).await {
         Ok(r) => r,
@@ -80,14 +83,24 @@ pub async fn handle(state: &Arc<AppState>, req: Request<Incoming>) -> Response<B
 }
 
 async fn route(state: &Arc<AppState>, req: Request<Incoming>) -> Result<Response<Body>> {
-    let path = req.uri().path().to_string();
-    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    // A clone of the URI shares its bytes: the path is borrowed from it, not copied, and the
+    // segments live on the stack.
+    let uri = req.uri().clone();
+    let mut segments = [""; MAX_SEGMENTS + 1];
+    let mut n = 0;
+    for seg in uri.path().trim_start_matches('/').split('/') {
+        if n == segments.len() {
+            return Err(ApiError::NotFound);
+        }
+        segments[n] = seg;
+        n += 1;
+    }
     let (found, params) = ROUTES
         .iter()
-        .find_map(|r| r.matches(&segments).map(|p| (r, p)))
+        .find_map(|r| r.matches(&segments[..n]).map(|p| (r, p)))
         .ok_or(ApiError::NotFound)?;
-    let method = req.method().as_str().to_string();
-    if !found.methods().any(|m| m == method) {
+    let method = req.method().clone();
+    if !found.methods().any(|m| m == method.as_str()) {
         return Err(ApiError::MethodNotAllowed(found.allow));
     }
     let p = |i: usize| params.get(i).copied().unwrap_or_default();

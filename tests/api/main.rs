@@ -23,6 +23,7 @@ mod proxy;
 mod restock;
 mod rollback;
 mod services;
+mod soldout;
 mod stalls;
 mod waitlist;
 mod writer;

@@ -1,0 +1,106 @@
+//! Instruction counts of the claim path's hot functions, under callgrind (gungraun): exact
+//! and repeatable on a shared machine, where criterion's wall times drift by tens of percent.
+//! No Redis, no network: each function is given its input ready-made (`setup`, not counted).
+//!
+//! ```text
+//! cargo install gungraun-runner --version 0.20.0   # once; the runner must match the crate
+//! cargo bench --bench instructions
+//! python3 benches/compare.py compare main           # with criterion, against a baseline
+//! ```
+//!
+//! Benchmarks (ids are stable; `benches/compare.py` compares them against a saved baseline):
+//! - `token::verify_{valid, valid_again, bad_signature}`: `Verifier::buyer` on a minted
+//!   admission token (`valid_again`: verified once before, as a buyer's retry is).
+//! - `body::decode_{typical, empty}`: `http::claim_quantity` on a claim body.
+//! - `batch::build_{1, 32, 128}`: `scripts::claim_invocation`, the `claim.lua` call of a
+//!   coalesced batch of that many claims (keys and arguments, not yet on the wire).
+//! - `reply::parse_{1, 32, 128}`: `scripts::parse_claim_reply` on a reply of that many wins.
+
+use std::hint::black_box;
+
+use gungraun::{library_benchmark, library_benchmark_group, main};
+use redis::Value;
+use uuid::Uuid;
+
+use dropgate::auth::{mint, AuthError, Verifier};
+use dropgate::config::Secret;
+use dropgate::keys::SkuKeys;
+use dropgate::scripts::{self, ClaimInput, Decision};
+
+const SECRET: &str = "bench-admission-secret-0123456789";
+
+fn token_case(signed_with: &str) -> (Verifier, String) {
+    let verifier = Verifier::new(&Secret::new(SECRET), None);
+    let token = mint(
+        &Secret::new(signed_with),
+        "user-000042",
+        Some("drop-1"),
+        24 * 3600,
+    )
+    .expect("minting with an HMAC key cannot fail");
+    (verifier, format!("Bearer {token}"))
+}
+
+/// As [`token_case`], the token verified once already (a buyer's retry).
+fn token_seen(signed_with: &str) -> (Verifier, String) {
+    let (verifier, header) = token_case(signed_with);
+    let _ = verifier.buyer(Some(&header), Some("drop-1"));
+    (verifier, header)
+}
+
+#[library_benchmark]
+#[bench::valid(setup = token_case, args = (SECRET))]
+#[bench::valid_again(setup = token_seen, args = (SECRET))]
+#[bench::bad_signature(setup = token_case, args = ("another-secret-0123456789"))]
+fn verify((verifier, header): (Verifier, String)) -> Result<String, AuthError> {
+    black_box(verifier.buyer(black_box(Some(header.as_str())), black_box(Some("drop-1"))))
+}
+
+#[library_benchmark]
+#[bench::typical(br#"{"quantity": 1}"#)]
+#[bench::empty(b"")]
+fn decode(body: &[u8]) -> Option<i64> {
+    black_box(dropgate::http::claim_quantity(black_box(body)).ok())
+}
+
+/// `n` claims of one unit by distinct users, ids minted now (one records bucket).
+fn batch_case(n: usize) -> (SkuKeys, Vec<ClaimInput>) {
+    let claims = (0..n)
+        .map(|i| ClaimInput {
+            claim_id: Uuid::now_v7(),
+            user: format!("user-{i:06}"),
+            quantity: 1,
+            idempotency_key: None,
+        })
+        .collect();
+    (SkuKeys::new("dg", "drop-1"), claims)
+}
+
+#[library_benchmark]
+#[benches::build(args = [1, 32, 128], setup = batch_case)]
+fn build((keys, claims): (SkuKeys, Vec<ClaimInput>)) -> bool {
+    let inv = scripts::claim_invocation(&keys, black_box(&claims), 1_764_000_000_000, 0);
+    black_box(inv).is_ok()
+}
+
+/// `claim.lua`'s reply for `n` winners: (1, remaining) pairs.
+fn reply_case(n: usize) -> (Value, usize) {
+    let items = (0..n)
+        .flat_map(|i| [Value::Int(1), Value::Int(1_000_000 - i as i64)])
+        .collect();
+    (Value::Array(items), n)
+}
+
+#[library_benchmark]
+#[benches::parse(args = [1, 32, 128], setup = reply_case)]
+fn parse((reply, n): (Value, usize)) -> usize {
+    let decisions: Vec<Decision> =
+        scripts::parse_claim_reply(black_box(reply), n).unwrap_or_default();
+    black_box(decisions).len()
+}
+
+library_benchmark_group!(name = token, benchmarks = verify);
+library_benchmark_group!(name = body, benchmarks = decode);
+library_benchmark_group!(name = batch, benchmarks = build);
+library_benchmark_group!(name = reply, benchmarks = parse);
+main!(library_benchmark_groups = token, body, batch, reply);
