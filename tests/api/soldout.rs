@@ -171,10 +171,11 @@ async fn a_compensation_sells_again_promptly() {
     let keys = dropgate::keys::SkuKeys::new(&app.probe.prefix, "so-3");
     let mut con = app.probe.redis.clone();
     for mode in ["fence", "give"] {
-        let done: i64 = dropgate::scripts::SCRIPTS
-            .compensate
-            .key(keys.state())
-            .key(keys.users())
+        let mut inv = dropgate::scripts::SCRIPTS.compensate.prepare_invoke();
+        for k in keys.lifecycle() {
+            inv.key(k);
+        }
+        let done: i64 = inv
             .key(keys.compensation(&claim))
             .key(keys.compensation(&claim))
             .arg(mode)
