@@ -25,6 +25,18 @@ pub struct SkuView {
     pub in_flight: Option<i64>,
     pub pending: i64,
     pub compensated: i64,
+    /// Lifecycle figures (API.md "Holds", "Waitlist"): units of `recorded` still held and
+    /// confirmed, and waitlist entries waiting and holding an offer.
+    #[serde(default)]
+    pub hold_seconds: i64,
+    #[serde(default)]
+    pub held: i64,
+    #[serde(default)]
+    pub confirmed: i64,
+    #[serde(default)]
+    pub waiting: i64,
+    #[serde(default)]
+    pub offered: i64,
     pub consistent: bool,
 }
 
@@ -35,10 +47,15 @@ impl SkuView {
     }
 }
 
-#[derive(Serialize)]
-struct Declare {
-    total: i64,
-    per_user_limit: i64,
+/// The body of `PUT /admin/skus/{sku}`; the lifecycle fields only when set.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Declare {
+    pub total: i64,
+    pub per_user_limit: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hold_seconds: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offer_seconds: Option<u32>,
 }
 
 /// A client of the admin routes of one gateway.
@@ -93,15 +110,29 @@ impl Admin {
         total: i64,
         per_user_limit: i64,
     ) -> anyhow::Result<SkuView> {
+        self.declare(
+            sku,
+            Declare {
+                total,
+                per_user_limit,
+                ..Declare::default()
+            },
+        )
+        .await
+    }
+
+    /// [`Admin::declare_fresh`] with every field of the declaration (holds, offers).
+    ///
+    /// # Errors
+    /// Any answer but 201 with `remaining == total`.
+    pub async fn declare(&self, sku: &str, body: Declare) -> anyhow::Result<SkuView> {
+        let total = body.total;
         let url = format!("{}/admin/skus/{sku}", self.base);
         let resp = self
             .http
             .put(&url)
             .header(reqwest::header::AUTHORIZATION, &self.auth)
-            .json(&Declare {
-                total,
-                per_user_limit,
-            })
+            .json(&body)
             .send()
             .await
             .with_context(|| format!("PUT {url}"))?;
