@@ -94,10 +94,11 @@ pub enum Expect {
     Declined,
 }
 
-/// Whether a claim's final ledger status fits what its buyer did. `unexpired`: the claim's
-/// `expires_at` is still ahead (a hold may still be `held` then, never after).
-pub fn status_fits(expect: Expect, status: &str, unexpired: bool) -> bool {
-    let held = status == "held" && unexpired;
+/// Whether a claim's final ledger status fits what its buyer did. `in_time`: the claim is not
+/// past its `expires_at` by more than the expiry worker's and the writer's lag (a hold may
+/// still be `held` then, never after).
+pub fn status_fits(expect: Expect, status: &str, in_time: bool) -> bool {
+    let held = status == "held" && in_time;
     match expect {
         Expect::Open => held || status == "expired",
         Expect::ConfirmSent => held || status == "expired" || status == "confirmed",
