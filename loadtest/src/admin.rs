@@ -72,9 +72,30 @@ impl Admin {
     /// # Errors
     /// The HTTP client could not be built.
     pub fn new(base: &str, token: &Secret) -> anyhow::Result<Admin> {
+        Admin::with_client(base, token, reqwest::Client::builder())
+    }
+
+    /// A client that opens a connection per call: for calls seconds apart, which would
+    /// otherwise reuse a connection the gateway may be closing as idle (connection reset).
+    ///
+    /// # Errors
+    /// The HTTP client could not be built.
+    pub fn unpooled(base: &str, token: &Secret) -> anyhow::Result<Admin> {
+        Admin::with_client(
+            base,
+            token,
+            reqwest::Client::builder().pool_max_idle_per_host(0),
+        )
+    }
+
+    fn with_client(
+        base: &str,
+        token: &Secret,
+        builder: reqwest::ClientBuilder,
+    ) -> anyhow::Result<Admin> {
         Ok(Admin {
             base: base.trim_end_matches('/').to_string(),
-            http: reqwest::Client::builder().timeout(CALL_TIMEOUT).build()?,
+            http: builder.timeout(CALL_TIMEOUT).build()?,
             auth: format!("Bearer {}", token.expose()),
         })
     }
@@ -147,6 +168,31 @@ impl Admin {
             bail!("PUT {url}: a new SKU should have all its stock, got {view:?}");
         }
         Ok(view)
+    }
+
+    /// `POST /admin/skus/{sku}/restock` with a positive `delta`: units that go to the head of
+    /// the waitlist as offers while anybody waits.
+    ///
+    /// # Errors
+    /// Transport errors, or a status other than 200.
+    pub async fn restock(&self, sku: &str, delta: i64) -> anyhow::Result<()> {
+        let url = format!("{}/admin/skus/{sku}/restock", self.base);
+        let resp = self
+            .http
+            .post(&url)
+            .header(reqwest::header::AUTHORIZATION, &self.auth)
+            .json(&serde_json::json!({ "delta": delta }))
+            .send()
+            .await
+            .with_context(|| format!("POST {url}"))?;
+        let status = resp.status();
+        if status != reqwest::StatusCode::OK {
+            bail!(
+                "POST {url}: {status}: {}",
+                resp.text().await.unwrap_or_default()
+            );
+        }
+        Ok(())
     }
 
     /// # Errors

@@ -10,8 +10,9 @@
 //!    buyer still waiting after [`PATIENCE`] leaves the line (DELETE). A join answered
 //!    `in_stock` (a unit came back while nobody waited) goes back to claiming.
 //!
-//! Then the goose user starts the next journey as another buyer, so the line keeps moving for
-//! the whole run. Each goose transaction is one step of that journey (at most one request,
+//! Then the goose user starts the next journey as another buyer. Every [`RESTOCK_EVERY`] the
+//! run adds [`restock_units`] (the admin restock route), which go to the head of the line as
+//! offers, so holds and offers keep coming for the whole run, not only from the first wave. Each goose transaction is one step of that journey (at most one request,
 //! waits cut in short sleeps), so goose can stop a user between any two steps.
 //!
 //! Every answer the contract promises is counted in [`Book`] and, for a 4xx, marked a goose
@@ -47,6 +48,13 @@ const POLL_MS: (u64, u64) = (250, 750);
 const BACKOFF: Duration = Duration::from_millis(250);
 /// The longest sleep in one step: goose stops a user only between steps.
 const NAP: Duration = Duration::from_millis(500);
+/// During the run, a restock of [`restock_units`] every this long.
+pub const RESTOCK_EVERY: Duration = Duration::from_secs(5);
+
+/// Units per periodic restock: a twentieth of the first stock, at least one.
+pub fn restock_units(stock: i64) -> i64 {
+    (stock / 20).max(1)
+}
 
 /// What a buyer who won a hold (or saw an offer) does with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,6 +133,8 @@ pub struct Book {
     answers: Mutex<BTreeMap<String, u64>>,
     claims: Mutex<HashMap<String, Seen>>,
     pub journeys: AtomicU64,
+    /// Units added by the periodic restock during the run.
+    pub restocked: AtomicU64,
     /// Requests without an answer (a claim among them may have won unseen).
     pub transport: AtomicU64,
 }
@@ -263,6 +273,26 @@ async fn nap_until(at: Instant) -> bool {
 }
 
 impl Drop {
+    /// Restocks the SKU every [`RESTOCK_EVERY`] until aborted (the run's end); counts the
+    /// units in `restocked`.
+    pub(crate) async fn restock_periodically(&self, admin: &crate::admin::Admin) {
+        let units = restock_units(self.stock);
+        loop {
+            tokio::time::sleep(RESTOCK_EVERY).await;
+            match admin.restock(&self.skus[0], units).await {
+                Ok(()) => {
+                    self.book
+                        .restocked
+                        .fetch_add(units as u64, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    self.book.count("restock", "failed");
+                    eprintln!("checkout: restock failed: {e:#}");
+                }
+            }
+        }
+    }
+
     /// One step of a goose user's journey (see the module documentation).
     pub(crate) async fn checkout_step(&self, user: &mut GooseUser) -> TransactionResult {
         let mut shopper = user
@@ -631,6 +661,12 @@ mod tests {
             }] += 1;
         }
         assert_eq!(n, [70, 15, 15]);
+    }
+
+    #[test]
+    fn restocks_are_a_twentieth_of_the_stock_and_never_empty() {
+        assert_eq!(restock_units(100), 5);
+        assert_eq!(restock_units(3), 1);
     }
 
     #[test]

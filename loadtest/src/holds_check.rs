@@ -404,7 +404,7 @@ async fn check_inner(
     let book = &drop.book;
     let sku = &drop.skus[0];
     println!(
-        "\n== checkout: 1 SKU x {} units, hold {} s, offer {} s, {} goose users, {} journeys (buyers)",
+        "\n== checkout: 1 SKU x {} units (first stock), hold {} s, offer {} s, {} goose users, {} journeys (buyers)",
         drop.stock,
         drop.hold_secs,
         drop.offer_secs,
@@ -415,9 +415,10 @@ async fn check_inner(
     let line: Vec<String> = answers.iter().map(|(k, v)| format!("{k}: {v}")).collect();
     println!("   answers: {}", line.join(", "));
     println!(
-        "   without answer: {}, other statuses {:?}",
+        "   without answer: {}, other statuses {:?}, units restocked during the run {}",
         Tally::count(&book.transport),
-        t.others()
+        t.others(),
+        Tally::count(&book.restocked)
     );
 
     let url = database_url.context("checkout reads the ledger: set DATABASE_URL")?;

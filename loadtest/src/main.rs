@@ -138,8 +138,27 @@ async fn run(settings: Settings, mut config: GooseConfiguration) -> anyhow::Resu
         attack = attack.register_scenario(drop.scenario());
     }
 
+    // checkout: units come back during the whole run (a restock every few seconds goes to the
+    // head of the line as offers), not only from the first wave's cancels and expiries.
+    let restockers: Vec<_> = drops
+        .iter()
+        .filter(|d| d.kind == scenarios::Kind::Checkout)
+        .map(|d| {
+            let admin = Admin::unpooled(&host, &settings.admin_token);
+            let drop = d.clone();
+            tokio::spawn(async move {
+                let Ok(admin) = admin else { return };
+                drop.restock_periodically(&admin).await;
+            })
+        })
+        .collect();
+
     let started = SystemTime::now();
-    attack.execute().await.context("running the load")?;
+    let executed = attack.execute().await.context("running the load");
+    for r in restockers {
+        r.abort();
+    }
+    executed?;
 
     let mut report_ok = true;
     for path in report::html_reports(&config, started) {
