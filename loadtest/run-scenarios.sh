@@ -2,7 +2,8 @@
 # run-scenarios.sh: runs goose scenarios, one after the other, against a fresh release gateway
 # (fresh database, unique Redis key prefix, free loopback port), then stops it.
 #
-#   loadtest/run-scenarios.sh [SCENARIO...]     (default: hot_sku_drop many_skus retry_storm)
+#   loadtest/run-scenarios.sh [SCENARIO...]     (default: hot_sku_drop many_skus retry_storm;
+#                                                also: checkout)
 #
 # Environment: USERS (200), RUN_TIME (15s), REPORT_DIR (HTML reports; default: the temp dir,
 # kept), SKIP_BUILD=1, DROPGATE_BIN, LOADTEST_BIN, KEEP_TMP=1. Any other goose flag can be
@@ -50,7 +51,7 @@ for s in "${SCENARIOS[@]}"; do
   rc=0
   # shellcheck disable=SC2086
   DROPGATE_URL=$GW_URL DROPGATE_ADMISSION_SECRET=$SECRET DROPGATE_ADMIN_TOKEN=$ADMIN \
-    DROPGATE_LOAD_RUN_ID="$ID-$s" \
+    DROPGATE_LOAD_RUN_ID="$ID-$s" DATABASE_URL="postgres://postgres@127.0.0.1:5432/dg_load_$ID" \
     timeout -k 5 220 "$TMP/dropgate-loadtest" --scenarios "$s" --users "$USERS" \
     --run-time "$RUN_TIME" --report-file "$REPORT_DIR/$s.html" ${GOOSE_ARGS:-} \
     >"$TMP/$s.out" 2>"$TMP/$s.err" || rc=$?

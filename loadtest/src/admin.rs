@@ -25,6 +25,18 @@ pub struct SkuView {
     pub in_flight: Option<i64>,
     pub pending: i64,
     pub compensated: i64,
+    /// Lifecycle figures (API.md "Holds", "Waitlist"): units of `recorded` still held and
+    /// confirmed, and waitlist entries waiting and holding an offer.
+    #[serde(default)]
+    pub hold_seconds: i64,
+    #[serde(default)]
+    pub held: i64,
+    #[serde(default)]
+    pub confirmed: i64,
+    #[serde(default)]
+    pub waiting: i64,
+    #[serde(default)]
+    pub offered: i64,
     pub consistent: bool,
 }
 
@@ -35,10 +47,15 @@ impl SkuView {
     }
 }
 
-#[derive(Serialize)]
-struct Declare {
-    total: i64,
-    per_user_limit: i64,
+/// The body of `PUT /admin/skus/{sku}`; the lifecycle fields only when set.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Declare {
+    pub total: i64,
+    pub per_user_limit: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hold_seconds: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offer_seconds: Option<u32>,
 }
 
 /// A client of the admin routes of one gateway.
@@ -55,9 +72,30 @@ impl Admin {
     /// # Errors
     /// The HTTP client could not be built.
     pub fn new(base: &str, token: &Secret) -> anyhow::Result<Admin> {
+        Admin::with_client(base, token, reqwest::Client::builder())
+    }
+
+    /// A client that opens a connection per call: for calls seconds apart, which would
+    /// otherwise reuse a connection the gateway may be closing as idle (connection reset).
+    ///
+    /// # Errors
+    /// The HTTP client could not be built.
+    pub fn unpooled(base: &str, token: &Secret) -> anyhow::Result<Admin> {
+        Admin::with_client(
+            base,
+            token,
+            reqwest::Client::builder().pool_max_idle_per_host(0),
+        )
+    }
+
+    fn with_client(
+        base: &str,
+        token: &Secret,
+        builder: reqwest::ClientBuilder,
+    ) -> anyhow::Result<Admin> {
         Ok(Admin {
             base: base.trim_end_matches('/').to_string(),
-            http: reqwest::Client::builder().timeout(CALL_TIMEOUT).build()?,
+            http: builder.timeout(CALL_TIMEOUT).build()?,
             auth: format!("Bearer {}", token.expose()),
         })
     }
@@ -93,15 +131,29 @@ impl Admin {
         total: i64,
         per_user_limit: i64,
     ) -> anyhow::Result<SkuView> {
+        self.declare(
+            sku,
+            Declare {
+                total,
+                per_user_limit,
+                ..Declare::default()
+            },
+        )
+        .await
+    }
+
+    /// [`Admin::declare_fresh`] with every field of the declaration (holds, offers).
+    ///
+    /// # Errors
+    /// Any answer but 201 with `remaining == total`.
+    pub async fn declare(&self, sku: &str, body: Declare) -> anyhow::Result<SkuView> {
+        let total = body.total;
         let url = format!("{}/admin/skus/{sku}", self.base);
         let resp = self
             .http
             .put(&url)
             .header(reqwest::header::AUTHORIZATION, &self.auth)
-            .json(&Declare {
-                total,
-                per_user_limit,
-            })
+            .json(&body)
             .send()
             .await
             .with_context(|| format!("PUT {url}"))?;
@@ -116,6 +168,31 @@ impl Admin {
             bail!("PUT {url}: a new SKU should have all its stock, got {view:?}");
         }
         Ok(view)
+    }
+
+    /// `POST /admin/skus/{sku}/restock` with a positive `delta`: units that go to the head of
+    /// the waitlist as offers while anybody waits.
+    ///
+    /// # Errors
+    /// Transport errors, or a status other than 200.
+    pub async fn restock(&self, sku: &str, delta: i64) -> anyhow::Result<()> {
+        let url = format!("{}/admin/skus/{sku}/restock", self.base);
+        let resp = self
+            .http
+            .post(&url)
+            .header(reqwest::header::AUTHORIZATION, &self.auth)
+            .json(&serde_json::json!({ "delta": delta }))
+            .send()
+            .await
+            .with_context(|| format!("POST {url}"))?;
+        let status = resp.status();
+        if status != reqwest::StatusCode::OK {
+            bail!(
+                "POST {url}: {status}: {}",
+                resp.text().await.unwrap_or_default()
+            );
+        }
+        Ok(())
     }
 
     /// # Errors

@@ -11,11 +11,14 @@
 //! 2 when the run could not be done, 64 on bad configuration.
 //!
 //! Modules: [`settings`] (environment), [`admin`] (admin API, tokens), [`scenarios`] (what
-//! the goose users do), [`tally`] (what the buyers saw), [`verify`] (the invariants),
-//! [`report`] (offline charts).
+//! the goose users do), [`checkout`] (the journeys of `checkout`), [`tally`] (what the buyers
+//! saw), [`verify`] (the invariants), [`holds_check`] (those of holds and the waitlist, from
+//! the ledger), [`report`] (offline charts).
 #![forbid(unsafe_code)]
 
 mod admin;
+mod checkout;
+mod holds_check;
 mod report;
 mod scenarios;
 mod settings;
@@ -51,12 +54,25 @@ async fn main() -> ExitCode {
     match run(settings, config).await {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
+        Err(e) if e.is::<ConfigError>() => ExitCode::from(EXIT_CONFIG),
         Err(e) => {
             eprintln!("dropgate-loadtest: {e:#}");
             ExitCode::from(2)
         }
     }
 }
+
+/// A configuration problem already reported on stderr (exit 64).
+#[derive(Debug)]
+struct ConfigError;
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("bad configuration")
+    }
+}
+
+impl std::error::Error for ConfigError {}
 
 /// Returns whether every invariant held.
 async fn run(settings: Settings, mut config: GooseConfiguration) -> anyhow::Result<bool> {
@@ -77,6 +93,13 @@ async fn run(settings: Settings, mut config: GooseConfiguration) -> anyhow::Resu
         (None, None) => Vec::new(),
     };
     let kinds = scenarios::select(&patterns).map_err(anyhow::Error::msg)?;
+    if kinds.contains(&scenarios::Kind::Checkout) && settings.database_url.is_none() {
+        eprintln!(
+            "dropgate-loadtest: checkout checks the ledger after the run: set {} (the gateway's database)",
+            settings::ENV_DATABASE_URL
+        );
+        return Err(ConfigError.into());
+    }
     config.scenarios = Some(Scenarios {
         active: kinds.iter().map(|k| k.machine_name()).collect(),
     });
@@ -115,8 +138,27 @@ async fn run(settings: Settings, mut config: GooseConfiguration) -> anyhow::Resu
         attack = attack.register_scenario(drop.scenario());
     }
 
+    // checkout: units come back during the whole run (a restock every few seconds goes to the
+    // head of the line as offers), not only from the first wave's cancels and expiries.
+    let restockers: Vec<_> = drops
+        .iter()
+        .filter(|d| d.kind == scenarios::Kind::Checkout)
+        .map(|d| {
+            let admin = Admin::unpooled(&host, &settings.admin_token);
+            let drop = d.clone();
+            tokio::spawn(async move {
+                let Ok(admin) = admin else { return };
+                drop.restock_periodically(&admin).await;
+            })
+        })
+        .collect();
+
     let started = SystemTime::now();
-    attack.execute().await.context("running the load")?;
+    let executed = attack.execute().await.context("running the load");
+    for r in restockers {
+        r.abort();
+    }
+    executed?;
 
     let mut report_ok = true;
     for path in report::html_reports(&config, started) {
@@ -134,11 +176,17 @@ async fn run(settings: Settings, mut config: GooseConfiguration) -> anyhow::Resu
 
     println!(
         "\nnote: goose's ERRORS table lists each 409 as it arrived; the decided ones (sold_out, \
-         limit_reached) are then marked successes with set_success, as the # fails column shows."
+         limit_reached; in checkout also hold_expired, in_stock) are then marked successes with \
+         set_success, as the # fails column shows."
     );
     let mut all_ok = true;
     for drop in &drops {
-        all_ok &= verify::check(&admin, drop, settings.drain).await.ok();
+        all_ok &= if drop.kind == scenarios::Kind::Checkout {
+            holds_check::check(&admin, drop, settings.database_url.as_ref(), settings.drain).await
+        } else {
+            verify::check(&admin, drop, settings.drain).await
+        }
+        .ok();
     }
     println!(
         "\n{}",

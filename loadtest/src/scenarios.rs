@@ -4,6 +4,8 @@
 //! - `many_skus`: buyers spread over many SKUs (each request picks one at random).
 //! - `retry_storm`: every buyer sends the same Idempotency-Key again and again, from several
 //!   goose users at once; after the first win every answer must be a replay of it.
+//! - `checkout`: one SKU with holds and a waitlist; buyers confirm, cancel or walk away, the
+//!   sold-out join the line and take or let lapse the offers (see [`crate::checkout`]).
 //!
 //! Each goose user is a distinct buyer with its own token (in `retry_storm`, `fanout` goose
 //! users share one buyer). 409 `sold_out` and `limit_reached` are answers, not failures: the
@@ -19,7 +21,8 @@ use rand::Rng;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
 use serde::Deserialize;
 
-use crate::admin::{mint, Admin};
+use crate::admin::{mint, Admin, Declare};
+use crate::checkout::Book;
 use crate::settings::{Secret, Settings};
 use crate::tally::{Answer, Rules, Tally};
 
@@ -33,16 +36,26 @@ pub enum Kind {
     HotSkuDrop,
     ManySkus,
     RetryStorm,
+    Checkout,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 3] = [Kind::HotSkuDrop, Kind::ManySkus, Kind::RetryStorm];
+    pub const ALL: [Kind; 4] = [
+        Kind::HotSkuDrop,
+        Kind::ManySkus,
+        Kind::RetryStorm,
+        Kind::Checkout,
+    ];
+    /// What no pattern selects: the claim-only scenarios (`checkout` needs `DATABASE_URL`, so
+    /// it runs when named).
+    pub const DEFAULT: [Kind; 3] = [Kind::HotSkuDrop, Kind::ManySkus, Kind::RetryStorm];
 
     pub fn name(self) -> &'static str {
         match self {
             Kind::HotSkuDrop => "hot_sku_drop",
             Kind::ManySkus => "many_skus",
             Kind::RetryStorm => "retry_storm",
+            Kind::Checkout => "checkout",
         }
     }
 
@@ -57,6 +70,7 @@ impl Kind {
             Kind::HotSkuDrop => "hot_sku_drop claim",
             Kind::ManySkus => "many_skus claim",
             Kind::RetryStorm => "retry_storm claim",
+            Kind::Checkout => "checkout claim",
         }
     }
 
@@ -65,18 +79,19 @@ impl Kind {
             Kind::HotSkuDrop => "hot",
             Kind::ManySkus => "many",
             Kind::RetryStorm => "retry",
+            Kind::Checkout => "checkout",
         }
     }
 }
 
 /// The scenarios that `patterns` select: names as this tool spells them (`hot_sku_drop`) or
-/// as goose does (`hotskudrop`), `*` as a wildcard; no pattern selects all.
+/// as goose does (`hotskudrop`), `*` as a wildcard; no pattern selects [`Kind::DEFAULT`].
 ///
 /// # Errors
 /// The patterns that select nothing.
 pub fn select(patterns: &[String]) -> Result<Vec<Kind>, String> {
     if patterns.is_empty() {
-        return Ok(Kind::ALL.to_vec());
+        return Ok(Kind::DEFAULT.to_vec());
     }
     let mut unknown = Vec::new();
     let mut selected = Vec::new();
@@ -122,7 +137,12 @@ pub struct Drop {
     /// Buyers this scenario expects (goose users / fanout), for the summary.
     pub buyers: usize,
     pub tally: Tally,
-    /// Goose users of this scenario started so far; numbers each one.
+    /// `checkout`: what its buyers saw beyond the claim answers in `tally`.
+    pub book: Book,
+    /// `checkout`: how long holds and waitlist offers are held.
+    pub hold_secs: u32,
+    pub offer_secs: u32,
+    /// Goose users (`checkout`: journeys) of this scenario started so far; numbers each one.
     next_user: AtomicUsize,
     fanout: usize,
     run_id: String,
@@ -154,6 +174,8 @@ impl Drop {
             Kind::HotSkuDrop => (1, buyers / 10),
             Kind::ManySkus => (settings.sku_count, buyers / 20),
             Kind::RetryStorm => (1, buyers / 2),
+            // A third of the first wave wins a hold; the rest start the line.
+            Kind::Checkout => (1, buyers / 3),
         };
         let stock = settings.stock.unwrap_or((stock as i64).max(1));
         let skus = (0..sku_count)
@@ -171,6 +193,9 @@ impl Drop {
                 keyed: kind == Kind::RetryStorm,
                 per_user_limit: PER_USER_LIMIT as u32,
             }),
+            book: Book::default(),
+            hold_secs: settings.hold_secs,
+            offer_secs: settings.offer_secs,
             next_user: AtomicUsize::new(0),
             fanout,
             run_id: settings.run_id.clone(),
@@ -184,7 +209,17 @@ impl Drop {
     /// The first SKU that could not be declared fresh.
     pub async fn declare(&self, admin: &Admin) -> anyhow::Result<()> {
         for sku in &self.skus {
-            admin.declare_fresh(sku, self.stock, PER_USER_LIMIT).await?;
+            if self.kind == Kind::Checkout {
+                let body = Declare {
+                    total: self.stock,
+                    per_user_limit: PER_USER_LIMIT,
+                    hold_seconds: Some(self.hold_secs),
+                    offer_seconds: Some(self.offer_secs),
+                };
+                admin.declare(sku, body).await?;
+            } else {
+                admin.declare_fresh(sku, self.stock, PER_USER_LIMIT).await?;
+            }
         }
         Ok(())
     }
@@ -205,9 +240,34 @@ impl Drop {
                 Box::pin(async move { drop.claim(user).await })
             })
         };
+        if self.kind == Kind::Checkout {
+            let step: TransactionFunction = {
+                let drop = self.clone();
+                Arc::new(move |user| {
+                    let drop = drop.clone();
+                    Box::pin(async move { drop.checkout_step(user).await })
+                })
+            };
+            return Scenario::new(self.kind.name())
+                .register_transaction(Transaction::new(step).set_name("step"));
+        }
         Scenario::new(self.kind.name())
             .register_transaction(Transaction::new(admit).set_name("admit").set_on_start())
             .register_transaction(Transaction::new(claim).set_name("claim"))
+    }
+
+    /// The next buyer's number (`checkout`: one per journey).
+    pub(crate) fn next_buyer(&self) -> usize {
+        self.next_user.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// `Bearer <token>` of buyer `index`, scoped to the scenario's SKU when it has one.
+    pub(crate) fn buyer_auth(&self, index: usize) -> Result<String, Box<TransactionError>> {
+        let name = format!("lt-{}-{}-{index}", self.run_id, self.kind.short());
+        let scope = (self.skus.len() == 1).then(|| self.skus[0].as_str());
+        let token = mint(&self.secret, &name, scope, TOKEN_TTL)
+            .map_err(|e| Box::new(TransactionError::Custom(format!("minting a token: {e}"))))?;
+        Ok(format!("Bearer {token}"))
     }
 
     fn admit(&self, user: &mut GooseUser) -> TransactionResult {
@@ -360,7 +420,8 @@ mod tests {
     #[test]
     fn scenarios_are_selected_by_either_spelling_or_wildcard() {
         let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-        assert_eq!(select(&[]).unwrap(), Kind::ALL.to_vec());
+        assert_eq!(select(&[]).unwrap(), Kind::DEFAULT.to_vec());
+        assert_eq!(select(&v(&["checkout"])).unwrap(), vec![Kind::Checkout]);
         assert_eq!(
             select(&v(&["hot_sku_drop"])).unwrap(),
             vec![Kind::HotSkuDrop]

@@ -28,6 +28,15 @@ pub const DEFAULT_DRAIN_SECS: u64 = 60;
 pub const ENV_RUN_ID: &str = "DROPGATE_LOAD_RUN_ID";
 /// Set to 1 to allow a target that is not a loopback address.
 pub const ENV_ALLOW_REMOTE: &str = "DROPGATE_LOAD_ALLOW_REMOTE";
+/// `checkout`: how long a won claim is held before it expires, and how long a waitlist offer
+/// is held. Small, so that holds and offers end within a bounded run.
+pub const ENV_HOLD_SECS: &str = "DROPGATE_LOAD_HOLD_SECS";
+pub const DEFAULT_HOLD_SECS: u32 = 8;
+pub const ENV_OFFER_SECS: &str = "DROPGATE_LOAD_OFFER_SECS";
+pub const DEFAULT_OFFER_SECS: u32 = 6;
+/// `checkout` reads the ledger (`issuances`, `waitlist`, `outbox`) after the run: the
+/// gateway's PostgreSQL, under the gateway's own variable name.
+pub const ENV_DATABASE_URL: &str = "DATABASE_URL";
 
 /// Goose defaults this tool sets when the command line leaves them open, so that a bare run
 /// is bounded in time.
@@ -67,6 +76,10 @@ pub struct Settings {
     pub drain: Duration,
     pub run_id: String,
     pub allow_remote: bool,
+    pub hold_secs: u32,
+    pub offer_secs: u32,
+    /// Needed by `checkout` only.
+    pub database_url: Option<Secret>,
 }
 
 /// Where settings come from; tests inject a map.
@@ -122,6 +135,14 @@ impl Settings {
             1..=3600,
             &mut errors,
         );
+        let hold_secs = number(env, ENV_HOLD_SECS, DEFAULT_HOLD_SECS, 1..=600, &mut errors);
+        let offer_secs = number(
+            env,
+            ENV_OFFER_SECS,
+            DEFAULT_OFFER_SECS,
+            1..=600,
+            &mut errors,
+        );
         let stock = env.get(ENV_STOCK).and_then(|v| match v.parse::<i64>() {
             Ok(n) if n >= 1 => Some(n),
             _ => {
@@ -152,6 +173,9 @@ impl Settings {
                 drain: Duration::from_secs(drain),
                 run_id,
                 allow_remote,
+                hold_secs,
+                offer_secs,
+                database_url: env.get(ENV_DATABASE_URL).map(Secret),
             }),
             _ => Err(errors),
         }

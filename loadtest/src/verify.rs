@@ -177,6 +177,11 @@ mod tests {
             in_flight: Some(in_flight),
             pending,
             compensated: 0,
+            hold_seconds: 0,
+            held: 0,
+            confirmed: recorded,
+            waiting: 0,
+            offered: 0,
             consistent: total == remaining + recorded + in_flight + pending,
         }
     }
