@@ -87,7 +87,7 @@ pub async fn find_claim(
         (Ok(r), _) => r,
         // The ledger's row stands when Redis cannot add to it.
         (Err(_), Some(row)) => return Ok(Some(row)),
-        (Err(e), None) => return Err(e.into()),
+        (Err(e), None) => return Err(super::read_error(e).into()),
     };
     let hold = hold.as_deref().and_then(Hold::parse);
     let created_at = crate::ids::created_at(&id);

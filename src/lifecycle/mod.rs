@@ -38,6 +38,17 @@ pub async fn sku_of(catalog: &Catalog, id: &uuid::Uuid) -> Result<Option<Arc<Sku
     catalog.by_tag(crate::ids::tag_of(id)).await
 }
 
+/// A read that got no answer is plain "unavailable": only a write can leave an outcome unknown
+/// (503 `outcome_unknown` is the promise that something may have changed).
+pub(crate) fn read_error(e: StoreError) -> StoreError {
+    match e {
+        StoreError::Timeout => {
+            StoreError::Unavailable("redis did not answer a read in time".into())
+        }
+        other => other,
+    }
+}
+
 /// Offers are held this long when the SKU names no time of its own: a buyer offered a unit
 /// needs time to take it even on a SKU whose claims are final at once.
 pub const DEFAULT_OFFER_SECS: i64 = 300;

@@ -125,7 +125,8 @@ async fn from_redis(
                 .query_async(&mut con)
                 .await?)
         })
-        .await?;
+        .await
+        .map_err(super::read_error)?;
     let Some(e) = entry.as_deref().and_then(Entry::parse) else {
         return Ok(None);
     };
