@@ -107,8 +107,7 @@ pub(super) async fn get_entry(
     id: &str,
     req: &Request<Incoming>,
 ) -> Result<Response<Body>> {
-    let caller = caller(state, req, None)?;
-    let id = Uuid::parse_str(id).map_err(|_| ApiError::UnknownEntry)?;
+    let (caller, id) = entry_request(state, id, req)?;
     entry_view(state, id, caller.as_deref()).await
 }
 
@@ -117,12 +116,22 @@ pub(super) async fn leave_waitlist(
     id: &str,
     req: &Request<Incoming>,
 ) -> Result<Response<Body>> {
-    let caller = caller(state, req, None)?;
-    let id = Uuid::parse_str(id).map_err(|_| ApiError::UnknownEntry)?;
+    let (caller, id) = entry_request(state, id, req)?;
     match waitlist::leave(&state.store, &state.catalog, id, caller.as_deref()).await? {
         Left::NotFound => Err(ApiError::UnknownEntry),
         Left::Left | Left::Ended => entry_view(state, id, caller.as_deref()).await,
     }
+}
+
+/// The caller and the entry id of a request naming an entry (an id that is no UUID: 404).
+fn entry_request(
+    state: &AppState,
+    id: &str,
+    req: &Request<Incoming>,
+) -> Result<(Option<String>, Uuid)> {
+    let caller = caller(state, req, None)?;
+    let id = Uuid::parse_str(id).map_err(|_| ApiError::UnknownEntry)?;
+    Ok((caller, id))
 }
 
 /// The entry as its owner (or the admin) sees it; 404 for anyone else.

@@ -175,3 +175,81 @@ async fn a_claim_is_compensated_once_and_only_by_its_latest_fencer() {
         .unwrap();
     assert_eq!(held, None);
 }
+
+/// decide_hold.lua as the confirm and cancel routes call it.
+async fn decide_hold(
+    con: &mut redis::aio::ConnectionManager,
+    keys: &dropgate::keys::SkuKeys,
+    claim: &Uuid,
+    op: &str,
+) -> (i64, String, i64) {
+    let mut inv = dropgate::scripts::SCRIPTS.decide_hold.prepare_invoke();
+    for k in keys.lifecycle() {
+        inv.key(k);
+    }
+    inv.arg(op)
+        .arg(claim.to_string())
+        .arg("")
+        .invoke_async(con)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_hold_gives_its_units_back_once_whether_cancelled_or_compensated_first() {
+    let (mut con, keys) = crate::helpers::script_sku("held").await;
+    let terms = scripts::Terms {
+        hold_ms: 600_000,
+        ..scripts::Terms::limit(5)
+    };
+    scripts::declare_sku(&mut con, &keys, true, 10, &terms, &Uuid::nil())
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let won = dropgate::scripts::ClaimInput {
+            claim_id: Uuid::now_v7(),
+            user: "buyer".into(),
+            quantity: 2,
+            idempotency_key: None,
+        };
+        scripts::claim(&mut con, &keys, std::slice::from_ref(&won), 1, 0)
+            .await
+            .unwrap();
+        ids.push(won.claim_id);
+    }
+    assert_eq!(script_stock(&mut con, &keys).await, 6);
+
+    // Cancelled first: the cancel gives the units back; the compensation must not again.
+    assert_eq!(decide_hold(&mut con, &keys, &ids[0], "cancel").await.0, 1);
+    assert_eq!(script_stock(&mut con, &keys).await, 8);
+    assert_eq!(compensate(&mut con, &keys, &ids[0], "fence", "r").await, 1);
+    assert_eq!(compensate(&mut con, &keys, &ids[0], "give", "r").await, 3);
+    assert_eq!(script_stock(&mut con, &keys).await, 8);
+
+    // Compensated first: its units come back once, and the hold can no longer end again.
+    assert_eq!(compensate(&mut con, &keys, &ids[1], "fence", "r").await, 1);
+    assert_eq!(compensate(&mut con, &keys, &ids[1], "give", "r").await, 1);
+    assert_eq!(script_stock(&mut con, &keys).await, 10);
+    for op in ["cancel", "confirm"] {
+        let (code, status, _) = decide_hold(&mut con, &keys, &ids[1], op).await;
+        assert_eq!((code, status.as_str()), (2, "compensated"), "{op}");
+    }
+    let expiring: i64 = redis::cmd("ZCARD")
+        .arg(keys.expiry())
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(
+        expiring, 0,
+        "no hold left for the expiry worker to give back"
+    );
+    assert_eq!(script_stock(&mut con, &keys).await, 10);
+    let held: Option<i64> = redis::cmd("HGET")
+        .arg(keys.users())
+        .arg("buyer")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(held, None);
+}
