@@ -22,7 +22,9 @@
 //!   with older data is detected per SKU and closed until restore.
 //! - [`scripts`] and `lua/`: the Lua scripts and their typed wrappers; [`keys`] names the keys;
 //!   [`record`] is a winner's record (idempotency record and journal entry).
-//! - [`store`]: Redis connections (multiplexed hot path, bb8 pool for background readers).
+//! - [`store`]: Redis connections, on a single Redis (multiplexed hot path, bb8 pool for
+//!   background readers) or a Redis Cluster (cluster connections); [`replicas`]: how many
+//!   replicas a decision waits for (`WAIT`) before it is answered, per master.
 //! - [`writer`]: the journal (a Redis Stream; `writer/journal.rs` is the one parser of its
 //!   entries) to `issuances`, batched (`writer/postgres.rs`); refused rows to `persistence_pending`;
 //!   entries no table takes to the quarantine (`writer/quarantine.rs`); a batch that met a
@@ -85,6 +87,7 @@ pub mod metrics;
 pub mod observe;
 pub mod outbox;
 pub mod record;
+pub mod replicas;
 pub mod reprocess;
 pub mod restore;
 pub mod scripts;

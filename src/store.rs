@@ -19,19 +19,19 @@
 //! a resent claim comes back `fenced`, which the claim path settles by reading (claims.rs).
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bb8_redis::RedisConnectionManager;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{
-    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr,
-};
+use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, Slot};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use crate::error::StoreError;
 use crate::keys::SkuKeys;
+use crate::replicas::{to_master, Replicas};
 
 pub type RedisPool = bb8::Pool<RedisConnectionManager>;
 
@@ -90,8 +90,9 @@ pub struct Store {
     background: Background,
     /// Upper bound of any one call; past it the outcome is unknown and must be read back.
     timeout: Duration,
-    /// Replicas that must acknowledge a decision before it is answered as won (`WAIT`).
-    wait_replicas: usize,
+    /// Replicas that must acknowledge a decision before it is answered as won (`WAIT`): at
+    /// most the configured number, fewer where a master has fewer that could be promoted.
+    replicas: Arc<Replicas>,
     /// How long to wait for them.
     wait_timeout: Duration,
     /// The node URLs as configured (one on a single Redis).
@@ -157,7 +158,7 @@ impl Store {
             hot,
             background,
             timeout,
-            wait_replicas: 0,
+            replicas: Arc::new(Replicas::new(0)),
             wait_timeout: Duration::from_millis(200),
             urls,
         };
@@ -170,7 +171,7 @@ impl Store {
     /// `timeout` (see [`Store::replicated`]).
     #[must_use]
     pub fn with_wait(mut self, replicas: usize, timeout: Duration) -> Store {
-        self.wait_replicas = replicas;
+        self.replicas = Arc::new(Replicas::new(replicas));
         self.wait_timeout = timeout;
         self
     }
@@ -239,12 +240,15 @@ impl Store {
         cmd: &Cmd,
         keys: &SkuKeys,
     ) -> Result<Value, StoreError> {
-        if self.wait_replicas == 0 {
+        let required = self
+            .replicas
+            .required(&self.hot, &keys.state(), self.timeout)
+            .await;
+        if required == 0 {
             return self.background_query(cmd).await;
         }
         let mut wait = redis::cmd("WAIT");
-        wait.arg(self.wait_replicas)
-            .arg(self.wait_timeout.as_millis() as u64);
+        wait.arg(required).arg(self.wait_timeout.as_millis() as u64);
         let (value, acked): (Value, i64) = match &self.background {
             Background::Pool(pool) => {
                 let mut con = pool
@@ -260,8 +264,7 @@ impl Store {
             }
             Background::Cluster(c) => {
                 let mut con = c.clone();
-                let route = Route::with_slot(Slot::for_key(keys.state()), SlotAddr::Master);
-                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                let routing = to_master(Slot::for_key(keys.state()));
                 self.bounded(async {
                     let v: Value = cmd.query_async(&mut con).await?;
                     let n = con.route_command(wait, routing).await?;
@@ -273,7 +276,7 @@ impl Store {
                 .await?
             }
         };
-        if acked < self.wait_replicas as i64 && carries_entries(&value) {
+        if acked < required as i64 && carries_entries(&value) {
             crate::metrics::wait_short();
             return Err(StoreError::Unavailable(
                 "journal entries read but not yet on the replicas".into(),
@@ -308,12 +311,15 @@ impl Store {
     /// # Errors
     /// The failure to reach the node.
     pub async fn replicated(&self, keys: &SkuKeys) -> Result<bool, StoreError> {
-        if self.wait_replicas == 0 {
+        let required = self
+            .replicas
+            .required(&self.hot, &keys.state(), self.timeout)
+            .await;
+        if required == 0 {
             return Ok(true);
         }
         let mut cmd = redis::cmd("WAIT");
-        cmd.arg(self.wait_replicas)
-            .arg(self.wait_timeout.as_millis() as u64);
+        cmd.arg(required).arg(self.wait_timeout.as_millis() as u64);
         let acked: i64 = match &self.hot {
             RedisConn::Single(c) => {
                 let mut con = c.clone();
@@ -322,15 +328,14 @@ impl Store {
             }
             RedisConn::Cluster(c) => {
                 let mut con = c.clone();
-                let route = Route::with_slot(Slot::for_key(keys.state()), SlotAddr::Master);
-                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                let routing = to_master(Slot::for_key(keys.state()));
                 let v = self
                     .bounded(async { Ok(con.route_command(cmd, routing).await?) })
                     .await?;
                 redis::from_redis_value(v).map_err(redis::RedisError::from)?
             }
         };
-        Ok(acked >= self.wait_replicas as i64)
+        Ok(acked >= required as i64)
     }
 
     /// Redis's `maxmemory-policy` (on a cluster: the first master's that is not `noeviction`,

@@ -216,6 +216,13 @@ pub(super) async fn get_claim(
         )
     };
     let id = Uuid::parse_str(id).map_err(|_| ApiError::UnknownClaim)?;
+    // A claim this gateway still settles stays unknown here, whatever Redis's record says: a
+    // win there that no replica acknowledged yet could still be taken back by a failover.
+    if let Some(c) = state.claims.settler().lookup(&id) {
+        if c.state == Settled::Pending && user.as_deref().is_none_or(|u| u == c.user) {
+            return Err(ApiError::OutcomeUnknown(id));
+        }
+    }
     let claim = match holds::find_claim(&state.store, &state.catalog, id).await? {
         Some(c) => c,
         None => unsettled_claim(state, id, user.as_deref())?,
