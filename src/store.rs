@@ -7,11 +7,13 @@
 //! front of claims.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bb8_redis::RedisConnectionManager;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+use crate::activity::RecentMarks;
 use crate::error::StoreError;
 use crate::keys::SkuKeys;
 
@@ -28,6 +30,9 @@ pub struct Store {
     pool: RedisPool,
     /// Upper bound of any one call; past it the outcome is unknown and must be read back.
     timeout: Duration,
+    /// This gateway's marks of active SKUs, shared by every clone, so each script caller marks
+    /// its SKU without another handle (see [`crate::activity`]).
+    recent_marks: Arc<RecentMarks>,
 }
 
 impl Store {
@@ -64,6 +69,7 @@ impl Store {
             hot,
             pool,
             timeout,
+            recent_marks: Arc::default(),
         };
         let mut con = store.hot();
         store.bounded(crate::scripts::load_all(&mut con)).await?;
@@ -85,6 +91,10 @@ impl Store {
 
     pub fn pool(&self) -> &RedisPool {
         &self.pool
+    }
+
+    pub fn recent_marks(&self) -> &RecentMarks {
+        &self.recent_marks
     }
 
     pub fn timeout(&self) -> Duration {
