@@ -26,7 +26,9 @@
 //!   expiry set or waitlist holds anything. A sentinel member ([`SENTINEL`], scored +inf,
 //!   never retired) tells a lost set from an empty one: when it is missing, one gateway walks
 //!   the whole catalog at once (fast pages) instead of at the slow pace. A mark that got no
-//!   answer is retried by the next round.
+//!   answer is retried by the next round. Meanwhile a gateway's own writer and expiry worker
+//!   also serve the SKUs it marked within the horizon ([`RecentMarks::recent`]), whatever the
+//!   set holds: a lost mark waits for the walk only if its gateway died too.
 
 use std::collections::HashSet;
 use std::sync::LazyLock;
@@ -72,8 +74,8 @@ static RETIRE_SKU: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/retire_sku.lua")));
 
 /// This gateway's last successful mark per SKU, so a fresh SKU costs a map lookup; and the SKUs
-/// whose mark got no answer, retried by [`Upkeep`]. Bounded by the catalog (only SKUs with a
-/// catalog row reach a script call). Held by the [`Store`], so every caller of a script reaches
+/// whose mark got no answer, retried by [`Upkeep`]. Bounded by the SKUs this gateway used within
+/// the [`HORIZON`] (see [`RecentMarks::recent`]). Held by the [`Store`], so every caller of a script reaches
 /// it without another handle.
 #[derive(Default)]
 pub struct RecentMarks {
@@ -86,6 +88,18 @@ pub struct RecentMarks {
 impl RecentMarks {
     fn fresh(&self, sku: &str) -> bool {
         self.last.get(sku).is_some_and(|t| t.elapsed() < MARK_EVERY)
+    }
+
+    /// The SKUs this gateway marked (or failed to mark) within the [`HORIZON`]: its own writer
+    /// and expiry worker serve them whether or not the set still holds them (a mark a failover
+    /// lost, a mark that got no answer), so only a gateway's death leaves their work to the
+    /// set, and only the set's loss as well leaves it to the catalog walk. Older entries are
+    /// dropped here, which keeps the map as small as this gateway's recent work.
+    pub fn recent(&self) -> Vec<String> {
+        self.last.retain(|_, t| t.elapsed() < HORIZON);
+        let mut out: Vec<String> = self.last.iter().map(|e| e.key().clone()).collect();
+        out.extend(self.failed.lock().iter().cloned());
+        out
     }
 }
 

@@ -108,7 +108,9 @@ impl Expirer {
     /// The active SKUs that take holds or have a live waitlist (an offer is a hold even on a
     /// SKU whose claims are final at once).
     async fn skus(&self) -> Result<Vec<String>, ListError> {
-        let active = crate::activity::members(&self.store).await?;
+        let mut active = crate::activity::members(&self.store).await?;
+        // And what this gateway marked itself, even if the set lost it.
+        active.extend(self.store.recent_marks().recent());
         if active.is_empty() {
             return Ok(active);
         }

@@ -146,6 +146,8 @@ impl Writer {
                     active_skus = list;
                 }
                 targets.extend(active_skus.iter().cloned());
+                // And what this gateway marked itself, even if the set lost it.
+                targets.extend(self.store.recent_marks().recent());
                 last_sweep = Some(Instant::now());
             }
             let autoclaim = sweep && last_autoclaim.elapsed() > self.claim_idle / 2;
