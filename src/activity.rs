@@ -8,11 +8,11 @@
 //! - **Marked with its work.** Every script call that can append to a SKU's journal or give it
 //!   holds (claims, confirm and cancel, waitlist join and leave, compensations, restocks,
 //!   restores) goes with a mark, `ZADD <prefix>:active <now_ms> <sku>`, sent at most once a
-//!   [`MARK_EVERY`] per SKU per gateway ([`RecentMarks`]: a map lookup while the last one is fresh).
-//!   The mark is sent together with the call ([`with_mark`]), not before it: whichever lands
-//!   first, a SKU can leave the set only through `lua/retire_sku.lua`, which keeps it when its
-//!   score changed since it was found empty, and a mark that lands after a removal adds it
-//!   back. So a claim pays no extra round trip, and a stalled Redis adds no extra timeout.
+//!   [`MARK_EVERY`] per SKU per gateway ([`RecentMarks`]: a map lookup while the last one is
+//!   fresh). The mark goes together with the call ([`with_mark`]), not before it, because the
+//!   order does not matter: a SKU leaves the set only through `lua/retire_sku.lua`, which keeps
+//!   it when its score changed after it was found empty, and a mark that lands after a removal
+//!   adds it back. So a claim pays no extra round trip, and a stalled Redis no extra timeout.
 //!   The expiry worker's own calls go unmarked: it only expires holds of SKUs in the set, and
 //!   holds keep a SKU there.
 //! - **Retired only when empty and long unmarked.** [`Upkeep`] removes a SKU whose last mark is
@@ -74,9 +74,9 @@ static RETIRE_SKU: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/retire_sku.lua")));
 
 /// This gateway's last successful mark per SKU, so a fresh SKU costs a map lookup; and the SKUs
-/// whose mark got no answer, retried by [`Upkeep`]. Bounded by the SKUs this gateway used within
-/// the [`HORIZON`] (see [`RecentMarks::recent`]). Held by the [`Store`], so every caller of a script reaches
-/// it without another handle.
+/// whose mark got no answer, retried by [`Upkeep`]. Bounded by the SKUs this gateway used
+/// within the [`HORIZON`] (see [`RecentMarks::recent`]). Held by the [`Store`], so every caller
+/// of a script reaches it without another handle.
 #[derive(Default)]
 pub struct RecentMarks {
     /// When the last acknowledged mark of each SKU was sent.

@@ -120,9 +120,9 @@ impl Writer {
     /// SKUs that won on this gateway are read as soon as the claim path signals them; every
     /// SKU of the active set is swept every 500 ms (winners of other gateways, entries of
     /// dead ones, lifecycle changes), so idle SKUs of the catalog cost nothing (a SKU with
-    /// journal entries is in the set: see [`crate::activity`]); a SKU with winners held from a failed
-    /// pass is retried every round, with backoff, until they are settled. Once per claim-idle
-    /// time a sweep also removes the consumer names of gateways that are gone.
+    /// journal entries is in the set: see [`crate::activity`]); a SKU with winners held from
+    /// a failed pass is retried every round, with backoff, until they are settled. Once per
+    /// claim-idle time a sweep also removes the consumer names of gateways that are gone.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let mut active_skus: Vec<String> = Vec::new();
         let mut last_sweep: Option<Instant> = None;
