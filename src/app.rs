@@ -9,6 +9,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::activity::Upkeep;
 use crate::auth::Verifier;
 use crate::catalog::Catalog;
 use crate::claims::ClaimService;
@@ -56,6 +57,9 @@ pub struct Application {
     /// Expires due holds (and lapsed offers) of this gateway's share of the SKUs.
     expirer: Expirer,
     observer: Observer,
+    /// Keeps the active set (the SKUs the writer and the expiry worker serve) true: retries
+    /// failed marks, retires idle SKUs, walks the catalog for work the set lost.
+    upkeep: Upkeep,
     relay: Relay,
     sold_out: Watcher,
     config: Config,
@@ -156,6 +160,7 @@ impl Application {
             redis_url: config.redis_url.clone(),
             cache: sold_out,
         };
+        let upkeep = Upkeep::new(store.clone(), db.clone(), crate::activity::HORIZON);
         let reprocessor = Reprocessor::new(
             store,
             db,
@@ -170,6 +175,7 @@ impl Application {
             refresher,
             expirer,
             observer,
+            upkeep,
             relay,
             sold_out,
             config,
@@ -202,6 +208,7 @@ impl Application {
         let expirer = tokio::spawn(self.expirer.run(background.clone()));
         let settler = tokio::spawn(self.state.claims.settler().run(background.clone()));
         let observer = tokio::spawn(self.observer.run(background.clone()));
+        let upkeep = tokio::spawn(self.upkeep.run(background.clone()));
         let sold_out = tokio::spawn(self.sold_out.run(background.clone()));
         // Stopped after the writer and the reprocessor, so its flush publishes what they
         // recorded while stopping.
@@ -235,6 +242,7 @@ impl Application {
             let _ = expirer.await;
             let _ = settler.await;
             let _ = observer.await;
+            let _ = upkeep.await;
             let _ = sold_out.await;
             relay_stop.cancel();
             let _ = relay.await;

@@ -274,7 +274,7 @@ pub async fn fetch(db: &PgPool, sku: &str) -> Result<Option<Sku>, DbError> {
     .await?)
 }
 
-/// Every SKU id, for the writer and reconcile.
+/// Every SKU id, for reconcile (a one-off walk; no background loop reads the whole catalog).
 ///
 /// # Errors
 /// The database error.

@@ -13,6 +13,7 @@ use parking_lot::Mutex;
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
+use crate::activity;
 use crate::error::StoreError;
 use crate::freshness::Marks;
 use crate::keys::{bucket_of, SkuKeys};
@@ -152,7 +153,8 @@ impl ClaimService {
         } else {
             let keys = self.store.keys(sku);
             let floor = self.marks.floor(sku);
-            let mut d = decide_batch(&self.store, &keys, std::slice::from_ref(&input), floor).await;
+            let mut d =
+                decide_batch(&self.store, sku, &keys, std::slice::from_ref(&input), floor).await;
             d.pop()
                 .unwrap_or_else(|| Err(StoreError::Protocol("empty claim reply".into())))
         };
@@ -270,7 +272,7 @@ async fn drain_lane(store: Store, sku: String, lane: Arc<Mutex<Lane>>, marks: Ar
         };
         let (inputs, replies): (Vec<ClaimInput>, Vec<Reply>) = batch.into_iter().unzip();
         m::coalesced_batch(inputs.len());
-        let decisions = decide_batch(&store, &keys, &inputs, marks.floor(&sku)).await;
+        let decisions = decide_batch(&store, &sku, &keys, &inputs, marks.floor(&sku)).await;
         for (reply, d) in replies.into_iter().zip(decisions) {
             let _ = reply.send(d);
         }
@@ -278,18 +280,19 @@ async fn drain_lane(store: Store, sku: String, lane: Arc<Mutex<Lane>>, marks: Ar
 }
 
 /// Decides `inputs` in one script call; when the call gets no answer, reads each claim's
-/// outcome back instead of sending it again. One result per input, in order.
+/// outcome back instead of sending it again. One result per input, in order. The call goes
+/// with the SKU's activity mark, so some writer reads what it journals (see [`activity`]).
 async fn decide_batch(
     store: &Store,
+    sku: &str,
     keys: &SkuKeys,
     inputs: &[ClaimInput],
     floor: i64,
 ) -> Vec<Result<Decision, StoreError>> {
     let mut con = store.hot();
     let started = Instant::now();
-    let result = store
-        .bounded(scripts::claim(&mut con, keys, inputs, now_ms(), floor))
-        .await;
+    let call = store.bounded(scripts::claim(&mut con, keys, inputs, now_ms(), floor));
+    let result = activity::with_mark(store, sku, call).await;
     m::redis_call("claim", started.elapsed());
     match result {
         Ok(decisions) if decisions.len() == inputs.len() => {

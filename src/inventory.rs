@@ -441,11 +441,11 @@ async fn restock_call(
 ) -> Result<Restocked, StoreError> {
     let keys = store.keys(sku);
     let mut con = store.hot();
-    store
-        .bounded(scripts::restock(
-            &mut con, &keys, op, delta, mode, epoch, floor,
-        ))
-        .await
+    // Units added go to the waitlist's head as offers first: journal entries and holds.
+    let call = store.bounded(scripts::restock(
+        &mut con, &keys, op, delta, mode, epoch, floor,
+    ));
+    crate::activity::with_mark(store, sku, call).await
 }
 
 /// Settles the SKU's restocks still pending (older than `min_age`) under the caller's lock:

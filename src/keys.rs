@@ -19,6 +19,13 @@ pub fn units_back_channel(prefix: &str) -> String {
     format!("{prefix}:units-back")
 }
 
+/// The SKUs with background work: a sorted set, member = SKU, score = unix ms of the last mark
+/// (see [`crate::activity`]). One key with no SKU's hash tag: only plain single-key commands and
+/// `retire_sku.lua` (this key alone) touch it, never a SKU's script, so it may live on any node.
+pub fn active_skus(prefix: &str) -> String {
+    format!("{prefix}:active")
+}
+
 /// The key names of one SKU under one gateway prefix.
 #[derive(Debug, Clone)]
 pub struct SkuKeys {
@@ -168,6 +175,7 @@ mod tests {
         assert_eq!(SkuKeys::sku_of_state("dg:{", &k.users()), None);
         assert_eq!(SkuKeys::sku_of_state("dgx:{", &k.state()), None);
         assert_eq!(units_back_channel("dg"), "dg:units-back");
+        assert_eq!(active_skus("dg"), "dg:active");
     }
 
     #[test]

@@ -30,6 +30,10 @@
 //!   entries no table takes to the quarantine (`writer/quarantine.rs`); a batch that met a
 //!   transient error held in memory and retried first; consumer names of stopped gateways
 //!   removed (`writer/consumers.rs`).
+//! - [`activity`]: the active set, the SKUs with background work (journal entries, holds, a
+//!   waitlist): marked with every script call that can give them some, retired when idle and
+//!   empty, found again by a slow catalog walk; the writer and the expiry worker serve only
+//!   these, so an idle SKU costs nothing however large the catalog.
 //! - [`reprocess`]: retries parked rows (`reprocess/rows.rs`: the PostgreSQL side); after the
 //!   last attempt records the compensation in `issuances`, then gives the units back, once.
 //! - [`outbox`]: claim events for the order system: rows of `outbox` written in the ledger's
@@ -66,6 +70,7 @@
 //! back go to the waitlist's head as offers before open stock.
 #![forbid(unsafe_code)]
 
+pub mod activity;
 pub mod app;
 pub mod auth;
 pub mod catalog;

@@ -42,6 +42,9 @@ pub async fn restore(
     // One operator action per SKU at a time, across gateways: no restock moves the total
     // while the stock is computed from it.
     let mut lock = SkuLock::acquire(db, sku).await?;
+    // Before anything is rebuilt: the holds and waitlist staged below need the expiry worker,
+    // and a forced restore waits for the writers to empty the journal.
+    crate::activity::mark(store, sku).await;
     // Restocks in flight move the total: settle them before it is read.
     crate::inventory::settle_restocks(store, db, sku, &mut lock, Duration::ZERO).await?;
     let row = catalog::fetch(db, sku)

@@ -29,6 +29,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, Slot};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
+use crate::activity::RecentMarks;
 use crate::error::StoreError;
 use crate::keys::SkuKeys;
 use crate::replicas::{to_master, Replicas};
@@ -97,6 +98,9 @@ pub struct Store {
     wait_timeout: Duration,
     /// The node URLs as configured (one on a single Redis).
     urls: Vec<String>,
+    /// This gateway's marks of active SKUs, shared by every clone, so each script caller marks
+    /// its SKU without another handle (see [`crate::activity`]).
+    recent_marks: Arc<RecentMarks>,
 }
 
 impl Store {
@@ -161,6 +165,7 @@ impl Store {
             replicas: Arc::new(Replicas::new(0)),
             wait_timeout: Duration::from_millis(200),
             urls,
+            recent_marks: Arc::default(),
         };
         let mut con = store.hot();
         store.bounded(crate::scripts::load_all(&mut con)).await?;
@@ -197,6 +202,10 @@ impl Store {
     /// A handle on the shared multiplexed connection.
     pub fn hot(&self) -> RedisConn {
         self.hot.clone()
+    }
+
+    pub fn recent_marks(&self) -> &RecentMarks {
+        &self.recent_marks
     }
 
     pub fn timeout(&self) -> Duration {

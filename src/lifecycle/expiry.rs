@@ -13,7 +13,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::error::StoreError;
+use crate::error::{DbError, StoreError};
 use crate::scripts::SCRIPTS;
 use crate::store::Store;
 
@@ -25,8 +25,9 @@ pub const BATCH: usize = 500;
 /// A worker's lease on a SKU: another gateway's worker takes over this long after the holder
 /// stopped renewing (a SIGKILL).
 const LEASE_MS: u64 = 1_500;
-/// The set of SKUs with holds or a waitlist is re-read this often.
-const SKUS_EVERY: Duration = Duration::from_secs(2);
+/// The SKUs to serve are re-read this often: also how long a SKU's first hold may wait to be
+/// looked at after its SKU joined the active set (well under any hold's time).
+const SKUS_EVERY: Duration = Duration::from_secs(1);
 
 pub const HOLDS: &str = "dropgate_holds_total";
 pub const EXPIRY_LAG: &str = "dropgate_hold_expiry_lag_seconds";
@@ -67,7 +68,9 @@ pub fn count_offers(result: &'static str, n: usize) {
     }
 }
 
-/// Expires due holds of every SKU that has holds or a waitlist.
+/// Expires due holds of the active SKUs ([`crate::activity`]) that take holds or have a
+/// waitlist: a SKU with holds stays in the active set until they end, so idle SKUs of the
+/// catalog cost nothing here.
 pub struct Expirer {
     pub store: Store,
     pub db: PgPool,
@@ -81,13 +84,7 @@ impl Expirer {
         let mut last_list: Option<tokio::time::Instant> = None;
         loop {
             if last_list.is_none_or(|t| t.elapsed() > SKUS_EVERY) {
-                match sqlx::query_scalar(
-                    "SELECT sku FROM skus WHERE hold_seconds > 0
-                     UNION SELECT sku FROM waitlist WHERE status IN ('waiting', 'offered')",
-                )
-                .fetch_all(&self.db)
-                .await
-                {
+                match self.skus().await {
                     Ok(list) => {
                         skus = list;
                         last_list = Some(tokio::time::Instant::now());
@@ -106,6 +103,26 @@ impl Expirer {
             }
         }
         tracing::info!(owner = %self.owner, "expiry worker stopped");
+    }
+
+    /// The active SKUs that take holds or have a live waitlist (an offer is a hold even on a
+    /// SKU whose claims are final at once).
+    async fn skus(&self) -> Result<Vec<String>, ListError> {
+        let mut active = crate::activity::members(&self.store).await?;
+        // And what this gateway marked itself, even if the set lost it.
+        active.extend(self.store.recent_marks().recent());
+        if active.is_empty() {
+            return Ok(active);
+        }
+        Ok(sqlx::query_scalar(
+            "SELECT sku FROM skus WHERE sku = ANY($1) AND hold_seconds > 0
+             UNION SELECT sku FROM waitlist
+                    WHERE sku = ANY($1) AND status IN ('waiting', 'offered')",
+        )
+        .bind(&active)
+        .fetch_all(&self.db)
+        .await
+        .map_err(DbError::from)?)
     }
 
     /// Expires the SKU's due holds, a batch per call, until none is due or another worker
@@ -146,4 +163,12 @@ impl Expirer {
             }
         }
     }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ListError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Db(#[from] DbError),
 }

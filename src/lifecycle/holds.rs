@@ -137,9 +137,9 @@ pub async fn decide(
             .arg(id.to_string())
             .arg(caller.unwrap_or(""));
         let mut con = store.hot();
-        let (code, status, _expires): (i64, String, i64) = store
-            .bounded(async { Ok(inv.invoke_async(&mut con).await?) })
-            .await?;
+        let call = store.bounded(async { Ok(inv.invoke_async(&mut con).await?) });
+        let (code, status, _expires): (i64, String, i64) =
+            crate::activity::with_mark(store, &sku.sku, call).await?;
         match code {
             1 => {
                 super::expiry::count_decision(op.target());

@@ -58,9 +58,9 @@ pub async fn join(store: &Store, sku: &Sku, user: &str) -> Result<Joined, Lifecy
     }
     inv.arg(crate::ids::mint(sku.tag).to_string()).arg(user);
     let mut con = store.hot();
-    let (code, id, position): (i64, String, i64) = store
-        .bounded(async { Ok(inv.invoke_async(&mut con).await?) })
-        .await?;
+    let call = store.bounded(async { Ok(inv.invoke_async(&mut con).await?) });
+    let (code, id, position): (i64, String, i64) =
+        crate::activity::with_mark(store, &sku.sku, call).await?;
     let entry_id =
         || Uuid::parse_str(&id).map_err(|_| StoreError::Protocol(format!("join: entry {id:?}")));
     Ok(match code {
@@ -195,9 +195,9 @@ pub async fn leave(
         }
         inv.arg(entry_id.to_string()).arg(caller.unwrap_or(""));
         let mut con = store.hot();
-        let (code, _status): (i64, String) = store
-            .bounded(async { Ok(inv.invoke_async(&mut con).await?) })
-            .await?;
+        let call = store.bounded(async { Ok(inv.invoke_async(&mut con).await?) });
+        let (code, _status): (i64, String) =
+            crate::activity::with_mark(store, &sku.sku, call).await?;
         match code {
             1 => return Ok(Left::Left),
             2 => return Ok(Left::Ended),

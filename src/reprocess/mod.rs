@@ -267,9 +267,12 @@ impl Reprocessor {
             .arg(row.claim_id.to_string())
             .arg(MARKER_TTL_SECS);
         let mut con = self.store.hot();
-        self.store
-            .bounded(async { Ok(inv.invoke_async(&mut con).await?) })
-            .await
+        // A compensation gives units back, maybe as an offer to the waitlist's head: a journal
+        // entry and a hold on a SKU that may have left the active set long ago.
+        let call = self
+            .store
+            .bounded(async { Ok(inv.invoke_async(&mut con).await?) });
+        crate::activity::with_mark(&self.store, &row.sku, call).await
     }
 }
 

@@ -17,7 +17,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::catalog;
+use crate::activity;
 use crate::error::{DbError, StoreError};
 use crate::freshness::{self, Marks};
 use crate::metrics as m;
@@ -37,14 +37,14 @@ pub use quarantine::Quarantined;
 
 /// Entries read per SKU per round; also the largest insert batch.
 const READ_COUNT: usize = 2048;
-/// Every SKU of the catalog is read this often, wake-up or not.
+/// Every SKU of the active set ([`crate::activity`]) is read this often, wake-up or not.
 const SWEEP: Duration = Duration::from_millis(500);
 /// Retry pace of the writer itself while PostgreSQL or Redis is unreachable.
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 /// How the claim path tells the writer that winners are waiting: a wake-up, and the SKUs
-/// that won since, so a SKU declared a moment ago is read before the next catalog refresh.
+/// that won since, so they are read at once rather than at the next sweep of the active set.
 #[derive(Default)]
 pub struct WriterSignal {
     wake: Notify,
@@ -118,12 +118,13 @@ impl Writer {
     /// Runs until `shutdown`, then drains what the journals hold once more and returns.
     ///
     /// SKUs that won on this gateway are read as soon as the claim path signals them; every
-    /// SKU of the catalog is swept every 500 ms (winners of other gateways, entries of
-    /// dead ones), so the cost of idle SKUs stays flat; a SKU with winners held from a failed
-    /// pass is retried every round, with backoff, until they are settled. Once per claim-idle
-    /// time a sweep also removes the consumer names of gateways that are gone.
+    /// SKU of the active set is swept every 500 ms (winners of other gateways, entries of
+    /// dead ones, lifecycle changes), so idle SKUs of the catalog cost nothing (a SKU with
+    /// journal entries is in the set: see [`crate::activity`]); a SKU with winners held from
+    /// a failed pass is retried every round, with backoff, until they are settled. Once per
+    /// claim-idle time a sweep also removes the consumer names of gateways that are gone.
     pub async fn run(mut self, shutdown: CancellationToken) {
-        let mut catalog_skus: Vec<String> = Vec::new();
+        let mut active_skus: Vec<String> = Vec::new();
         let mut last_sweep: Option<Instant> = None;
         let mut last_autoclaim = Instant::now();
         let mut last_reap = Instant::now();
@@ -137,14 +138,16 @@ impl Writer {
             let mut targets: HashSet<String> = self.signal.take();
             targets.extend(unfinished.drain());
             // A SKU with winners in hand is retried whether or not anything signals it (it
-            // may not be in the catalog list yet, and reading that list may be what failed).
+            // may not be in the active list yet, and reading that list may be what failed).
             targets.extend(self.held.keys().cloned());
             targets.extend(self.reread.iter().cloned());
             if sweep {
-                if let Ok(list) = catalog::all_ids(&self.db).await {
-                    catalog_skus = list;
+                if let Ok(list) = activity::members(&self.store).await {
+                    active_skus = list;
                 }
-                targets.extend(catalog_skus.iter().cloned());
+                targets.extend(active_skus.iter().cloned());
+                // And what this gateway marked itself, even if the set lost it.
+                targets.extend(self.store.recent_marks().recent());
                 last_sweep = Some(Instant::now());
             }
             let autoclaim = sweep && last_autoclaim.elapsed() > self.claim_idle / 2;
@@ -169,7 +172,7 @@ impl Writer {
             }
             if sweep && !stopping && last_reap.elapsed() > self.claim_idle {
                 last_reap = Instant::now();
-                self.reap_gone_consumers(&catalog_skus).await;
+                self.reap_gone_consumers(&active_skus).await;
             }
             if failed {
                 backoff = (backoff * 2).clamp(BACKOFF_MIN, BACKOFF_MAX);

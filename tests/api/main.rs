@@ -1,5 +1,6 @@
 //! One integration binary; each module holds the tests of one behaviour area.
 
+mod activity;
 mod admin;
 mod batches;
 mod catalog;
