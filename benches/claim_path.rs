@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use bb8_redis::RedisConnectionManager;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use redis::aio::ConnectionManager;
+
 use tokio::runtime::Runtime;
 use tokio::task::JoinSet;
 use uuid::Uuid;
@@ -37,7 +37,7 @@ use dropgate::claims::now_ms;
 use dropgate::config::Secret;
 use dropgate::keys::SkuKeys;
 use dropgate::scripts::{self, ClaimInput, Decision};
-use dropgate::store::Store;
+use dropgate::store::{RedisConn, Store};
 
 /// Stock of every bench SKU: never sold out within a run.
 const TOTAL: i64 = 1_000_000_000_000;
@@ -107,7 +107,7 @@ impl Fixture {
         Fixture { store }
     }
 
-    fn hot(&self) -> ConnectionManager {
+    fn hot(&self) -> RedisConn {
         self.store.hot()
     }
 
@@ -200,7 +200,7 @@ impl Fixture {
 }
 
 /// `CONCURRENCY` one-claim calls through clones of the multiplexed `ConnectionManager`.
-async fn burst_connection_manager(con: &ConnectionManager, sku: &BenchSku) {
+async fn burst_connection_manager(con: &RedisConn, sku: &BenchSku) {
     let mut tasks = JoinSet::new();
     for input in fresh_claims(CONCURRENCY) {
         let mut con = con.clone();

@@ -76,7 +76,15 @@ impl Application {
             crate::db::request_pool(&config.database_url).context("configuring PostgreSQL")?;
         let store = Store::connect(&config.redis_url, &config.key_prefix, config.redis_timeout)
             .await
-            .context("connecting to Redis")?;
+            .context("connecting to Redis")?
+            .with_wait(config.redis_wait_replicas, config.redis_wait);
+        if store.is_cluster() {
+            tracing::info!(
+                nodes = store.urls().len(),
+                wait_replicas = config.redis_wait_replicas,
+                "connected to a Redis Cluster"
+            );
+        }
         match store.eviction_policy().await {
             Ok(Some(policy)) if policy != "noeviction" => anyhow::bail!(
                 "Redis maxmemory-policy is {policy}: it may evict journal entries, per-user counts \

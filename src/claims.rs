@@ -292,16 +292,58 @@ async fn decide_batch(
         .await;
     m::redis_call("claim", started.elapsed());
     match result {
-        Ok(decisions) if decisions.len() == inputs.len() => decisions.into_iter().map(Ok).collect(),
+        Ok(decisions) if decisions.len() == inputs.len() => {
+            let mut out: Vec<Result<Decision, StoreError>> =
+                decisions.into_iter().map(Ok).collect();
+            // A fresh id comes back fenced only when this very call ran twice (a cluster
+            // connection resends after a connection error) and the first run decided it:
+            // read what the first run decided.
+            let fenced: Vec<usize> = (0..out.len())
+                .filter(|&i| matches!(out[i], Ok(Decision::Fenced)))
+                .collect();
+            if !fenced.is_empty() {
+                let ids: Vec<Uuid> = fenced.iter().map(|&i| inputs[i].claim_id).collect();
+                for (i, answer) in fenced.into_iter().zip(resolve(store, keys, &ids).await) {
+                    out[i] = answer;
+                }
+            }
+            replicated_or_unknown(store, keys, inputs, out).await
+        }
         Ok(_) => each(inputs.len(), || {
             StoreError::Protocol("claim reply of the wrong length".into())
         }),
         Err(e) if e.is_uncertain() => {
             let ids: Vec<Uuid> = inputs.iter().map(|c| c.claim_id).collect();
-            resolve(store, keys, &ids).await
+            let answers = resolve(store, keys, &ids).await;
+            replicated_or_unknown(store, keys, inputs, answers).await
         }
         Err(e) => each(inputs.len(), || definite(&e)),
     }
+}
+
+/// Keeps the wins only once the configured replicas hold them (see [`Store::replicated`]);
+/// without that acknowledgement a win's outcome is unknown to the buyer (a failover could
+/// still take it away), and the settler reads it back later.
+async fn replicated_or_unknown(
+    store: &Store,
+    keys: &SkuKeys,
+    inputs: &[ClaimInput],
+    out: Vec<Result<Decision, StoreError>>,
+) -> Vec<Result<Decision, StoreError>> {
+    if !out.iter().any(|d| matches!(d, Ok(Decision::Won { .. }))) {
+        return out;
+    }
+    if matches!(store.replicated(keys).await, Ok(true)) {
+        return out;
+    }
+    m::wait_short();
+    out.into_iter()
+        .zip(inputs)
+        .map(|(d, c)| match d {
+            Ok(Decision::Won { .. }) => Err(StoreError::OutcomeUnknown(c.claim_id)),
+            other => other,
+        })
+        .collect()
 }
 
 /// Settles claims whose call got no answer, by reading their records (and fencing those that

@@ -11,6 +11,11 @@ pub const ENV_LISTEN: &str = "DROPGATE_LISTEN";
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 pub const ENV_REDIS_URL: &str = "REDIS_URL";
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
+pub const ENV_REDIS_WAIT_REPLICAS: &str = "DROPGATE_REDIS_WAIT_REPLICAS";
+/// `auto`: 1 on a cluster (every master is expected to have a replica), 0 on a single Redis.
+pub const DEFAULT_REDIS_WAIT_REPLICAS: &str = "auto";
+pub const ENV_REDIS_WAIT_MS: &str = "DROPGATE_REDIS_WAIT_MS";
+pub const DEFAULT_REDIS_WAIT_MS: &str = "200";
 pub const ENV_DATABASE_URL: &str = "DATABASE_URL";
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/dropgate";
 pub const ENV_KEY_PREFIX: &str = "DROPGATE_KEY_PREFIX";
@@ -127,6 +132,10 @@ pub struct RawConfig {
     pub listen: String,
     #[arg(long, env = ENV_REDIS_URL, default_value = DEFAULT_REDIS_URL)]
     pub redis_url: String,
+    #[arg(long, env = ENV_REDIS_WAIT_REPLICAS, default_value = DEFAULT_REDIS_WAIT_REPLICAS)]
+    pub redis_wait_replicas: String,
+    #[arg(long, env = ENV_REDIS_WAIT_MS, default_value = DEFAULT_REDIS_WAIT_MS)]
+    pub redis_wait_ms: String,
     #[arg(long, env = ENV_DATABASE_URL, default_value = DEFAULT_DATABASE_URL)]
     pub database_url: String,
     #[arg(long, env = ENV_KEY_PREFIX, default_value = DEFAULT_KEY_PREFIX)]
@@ -172,6 +181,8 @@ impl Default for RawConfig {
         RawConfig {
             listen: DEFAULT_LISTEN.into(),
             redis_url: DEFAULT_REDIS_URL.into(),
+            redis_wait_replicas: DEFAULT_REDIS_WAIT_REPLICAS.into(),
+            redis_wait_ms: DEFAULT_REDIS_WAIT_MS.into(),
             database_url: DEFAULT_DATABASE_URL.into(),
             key_prefix: DEFAULT_KEY_PREFIX.into(),
             admission_secret: None,
@@ -199,7 +210,13 @@ impl Default for RawConfig {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub listen: SocketAddr,
+    /// One URL, or several comma-separated: a Redis Cluster.
     pub redis_url: String,
+    /// Replicas that must acknowledge a decision before a win is answered (`WAIT`); 0: none.
+    pub redis_wait_replicas: usize,
+    /// How long a decision waits for those acknowledgements before its outcome counts as
+    /// unknown (answered 503 `outcome_unknown`, then settled by reading).
+    pub redis_wait: Duration,
     pub database_url: String,
     pub key_prefix: String,
     pub admission_secret: Secret,
@@ -247,15 +264,29 @@ impl RawConfig {
         let listen = parse_listen(&self.listen)
             .map_err(|e| errors.push(format!("{ENV_LISTEN}={:?}: {e}", self.listen)))
             .ok();
-        if self.redis_url.contains(',') {
-            errors.push(format!(
-                "{ENV_REDIS_URL}: Redis Cluster (several URLs) is not supported by this version; give one URL"
-            ));
-        } else if !self.redis_url.starts_with("redis://")
-            && !self.redis_url.starts_with("rediss://")
+        let redis_urls: Vec<&str> = self.redis_url.split(',').map(str::trim).collect();
+        if redis_urls
+            .iter()
+            .any(|u| !(u.starts_with("redis://") || u.starts_with("rediss://")))
         {
-            errors.push(format!("{ENV_REDIS_URL}: expected a redis:// URL"));
+            errors.push(format!(
+                "{ENV_REDIS_URL}: expected a redis:// URL, or several comma-separated (a cluster)"
+            ));
         }
+        let cluster = redis_urls.len() > 1;
+        let wait_replicas = match self.redis_wait_replicas.trim() {
+            "auto" => usize::from(cluster),
+            raw => raw
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n <= 16)
+                .unwrap_or_else(|| {
+                    errors.push(format!(
+                    "{ENV_REDIS_WAIT_REPLICAS}={raw:?}: expected \"auto\" or an integer in 0..=16"
+                ));
+                    0
+                }),
+        };
         if !self.database_url.starts_with("postgres://")
             && !self.database_url.starts_with("postgresql://")
         {
@@ -323,6 +354,7 @@ impl RawConfig {
             3_600_000,
         );
         let redis_timeout = num(ENV_REDIS_TIMEOUT_MS, &self.redis_timeout_ms, 10, 10_000);
+        let redis_wait = num(ENV_REDIS_WAIT_MS, &self.redis_wait_ms, 1, 10_000);
         let grace = num(ENV_SHUTDOWN_GRACE_MS, &self.shutdown_grace_ms, 0, 600_000);
         let coalesce = num(ENV_COALESCE, &self.coalesce, 0, 1) == 1;
         let max_queue = num(ENV_MAX_QUEUE, &self.max_queue, 1, 1_000_000);
@@ -364,6 +396,8 @@ impl RawConfig {
             (true, Some(listen), Some(admission_secret)) => Ok(Config {
                 listen,
                 redis_url: self.redis_url.clone(),
+                redis_wait_replicas: wait_replicas,
+                redis_wait: Duration::from_millis(redis_wait),
                 database_url: self.database_url.clone(),
                 key_prefix: self.key_prefix.clone(),
                 admission_secret,

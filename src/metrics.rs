@@ -44,6 +44,7 @@ pub const COALESCED_BATCH: &str = "dropgate_coalesced_batch_claims";
 pub const FAST_REFUSALS: &str = "dropgate_claim_fast_refusals_total";
 pub const SOLD_OUT_RECHECKS: &str = "dropgate_sold_out_rechecks_total";
 pub const UNCERTAIN_OUTCOMES: &str = "dropgate_uncertain_outcomes_total";
+pub const WAIT_SHORT: &str = "dropgate_redis_wait_short_total";
 pub const JOURNAL_LAG: &str = "dropgate_journal_lag_seconds";
 pub const WRITER_BATCH_ROWS: &str = "dropgate_writer_batch_rows";
 pub const WRITER_BATCH_SECONDS: &str = "dropgate_writer_batch_seconds";
@@ -168,6 +169,11 @@ fn register() {
         "Claim calls that got no answer and were read back"
     );
     counter!(UNCERTAIN_OUTCOMES).increment(0);
+    describe_counter!(
+        WAIT_SHORT,
+        "Decisions with wins that fewer replicas than DROPGATE_REDIS_WAIT_REPLICAS acknowledged in time (answered outcome_unknown, then settled by reading)"
+    );
+    counter!(WAIT_SHORT).increment(0);
     describe_histogram!(
         JOURNAL_LAG,
         "Time from Redis deciding a winner to its row committed in PostgreSQL, in seconds"
@@ -336,6 +342,10 @@ pub fn sold_out_rechecks(skus: usize) {
 
 pub fn coalesced_batch(size: usize) {
     histogram!(COALESCED_BATCH).record(size as f64);
+}
+
+pub fn wait_short() {
+    counter!(WAIT_SHORT).increment(1);
 }
 
 pub fn uncertain_outcome() {

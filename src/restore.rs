@@ -10,7 +10,6 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
-use redis::aio::ConnectionManager;
 
 use crate::catalog::{self, Catalog};
 use crate::config::RECORD_TTL_SECS;
@@ -20,7 +19,7 @@ use crate::keys::SkuKeys;
 use crate::ledger::{view, SkuView};
 use crate::record::ClaimRecord;
 use crate::scripts::{self, SCRIPTS};
-use crate::store::Store;
+use crate::store::{RedisConn, Store};
 
 /// Redis writes per pipeline: bounds the memory and the time of each round trip.
 pub(crate) const CHUNK: usize = 5_000;
@@ -181,7 +180,7 @@ struct LiveClaim {
 /// Returns the live units and the number of users holding them.
 async fn stage_live_claims(
     store: &Store,
-    con: &mut ConnectionManager,
+    con: &mut RedisConn,
     keys: &SkuKeys,
     staged: &str,
     db: &sqlx::PgPool,
@@ -282,7 +281,7 @@ fn count(
 
 pub(crate) async fn flush(
     store: &Store,
-    con: &mut ConnectionManager,
+    con: &mut RedisConn,
     pipe: &mut redis::Pipeline,
 ) -> Result<(), StoreError> {
     if pipe.is_empty() {

@@ -143,6 +143,13 @@ impl Settler {
             else {
                 continue;
             };
+            // A win read back counts only once the replicas hold it (a failover could still
+            // take it away): until then the claim stays unknown and is read again.
+            if answers.iter().any(Option::is_some)
+                && !matches!(self.store.replicated(&keys).await, Ok(true))
+            {
+                continue;
+            }
             for (id, answer) in ids.iter().zip(answers) {
                 let state = match answer {
                     Some(remaining) => Settled::Won { remaining },

@@ -239,8 +239,7 @@ impl Watcher {
         shutdown: &CancellationToken,
         up: &mut bool,
     ) -> Result<(), StoreError> {
-        let client = redis::Client::open(self.redis_url.as_str())?;
-        let mut pubsub = self.bounded(client.get_async_pubsub()).await?;
+        let mut pubsub = self.open_pubsub().await?;
         self.bounded(pubsub.subscribe(channel)).await?;
         let (_sink, mut messages) = pubsub.split();
         // Live only once SUBSCRIBE is confirmed: from here no notification can be missed.
@@ -283,6 +282,20 @@ impl Watcher {
         }
     }
 
+    /// A pub/sub connection to the first node of `redis_url` that answers. On a cluster any
+    /// node will do: a script's PUBLISH is broadcast to every node over the cluster bus.
+    async fn open_pubsub(&self) -> Result<redis::aio::PubSub, StoreError> {
+        let mut last = StoreError::Unavailable("no Redis URL".into());
+        for url in self.redis_url.split(',').map(str::trim) {
+            let client = redis::Client::open(url)?;
+            match self.bounded(client.get_async_pubsub()).await {
+                Ok(p) => return Ok(p),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
     /// A Redis call under the store's timeout.
     async fn bounded<T>(
         &self,
@@ -300,14 +313,28 @@ impl Watcher {
             return;
         }
         let ticket = self.cache.ticket();
-        let mut pipe = redis::pipe();
-        for sku in &due {
-            pipe.cmd("HGET")
-                .arg(self.store.keys(sku).state())
-                .arg("stock");
-        }
-        let mut con = self.store.hot();
-        let read: Result<Vec<Option<i64>>, _> = self.bounded(pipe.query_async(&mut con)).await;
+        let read: Result<Vec<Option<i64>>, _> = if self.store.is_cluster() {
+            // A pipeline cannot span slots: one read per SKU, all in flight together.
+            let reads = due.iter().map(|sku| {
+                let mut con = self.store.hot();
+                let cmd = redis::cmd("HGET")
+                    .arg(self.store.keys(sku).state())
+                    .arg("stock")
+                    .to_owned();
+                async move { cmd.query_async::<Option<i64>>(&mut con).await }
+            });
+            self.bounded(async { futures_util::future::try_join_all(reads).await })
+                .await
+        } else {
+            let mut pipe = redis::pipe();
+            for sku in &due {
+                pipe.cmd("HGET")
+                    .arg(self.store.keys(sku).state())
+                    .arg("stock");
+            }
+            let mut con = self.store.hot();
+            self.bounded(pipe.query_async(&mut con)).await
+        };
         m::sold_out_rechecks(due.len());
         match read {
             Ok(stocks) => {

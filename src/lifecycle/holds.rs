@@ -143,6 +143,13 @@ pub async fn decide(
         match code {
             1 => {
                 super::expiry::count_decision(op.target());
+                // Answered only once the replicas hold it, as a win is (claims.rs): without
+                // that a failover could undo it, so its outcome is as unknown as a timeout's;
+                // the client's retry is idempotent and answers from what Redis then holds.
+                if !store.replicated(&keys).await? {
+                    crate::metrics::wait_short();
+                    return Err(StoreError::Timeout.into());
+                }
                 return Ok(HoldAnswer::Done);
             }
             2 => return Ok(HoldAnswer::Refused(status)),

@@ -3,12 +3,11 @@
 //! closed until then).
 
 use futures_util::TryStreamExt;
-use redis::aio::ConnectionManager;
 
 use crate::error::DbError;
 use crate::keys::SkuKeys;
 use crate::restore::{flush, CHUNK};
-use crate::store::Store;
+use crate::store::{RedisConn, Store};
 
 #[derive(sqlx::FromRow)]
 struct HeldRow {
@@ -35,7 +34,7 @@ struct EntryRow {
 /// Infrastructure errors; nothing of the state hash is written here.
 pub async fn stage(
     store: &Store,
-    con: &mut ConnectionManager,
+    con: &mut RedisConn,
     keys: &SkuKeys,
     db: &sqlx::PgPool,
     sku: &str,

@@ -37,7 +37,7 @@ pub async fn read(
         .arg(from);
     // Reply: [[stream, [[id, [field, value, ...]], ...]]] or nil.
     let mut out = Batch::default();
-    if let Value::Array(streams) = stream_call(store, cmd).await? {
+    if let Value::Array(streams) = read_call(store, sku, cmd).await? {
         for s in streams {
             if let Value::Array(mut parts) = s {
                 if parts.len() == 2 {
@@ -66,7 +66,7 @@ pub async fn autoclaim(
         .arg(READ_COUNT);
     // Reply: [next-cursor, [[id, fields], ...], [deleted ids]].
     let mut out = Batch::default();
-    if let Value::Array(mut parts) = stream_call(store, cmd).await? {
+    if let Value::Array(mut parts) = read_call(store, sku, cmd).await? {
         if parts.len() >= 2 {
             parse_entries(sku, parts.remove(1), &mut out);
         }
@@ -84,15 +84,19 @@ pub async fn autoclaim(
 /// Runs a stream command on a dedicated pool connection (never queued with claims); a stream
 /// or group that does not exist (Redis lost the SKU) simply has nothing to read.
 async fn stream_call(store: &Store, cmd: redis::Cmd) -> Result<Value, StoreError> {
-    let mut con = store
-        .pool()
-        .get()
+    match store.background_query(&cmd).await {
+        Err(StoreError::Redis(r)) if r.code() == Some("NOGROUP") => Ok(Value::Nil),
+        other => other,
+    }
+}
+
+/// [`stream_call`] for a read that hands entries to the writer: with replicas required, the
+/// entries it returns are on them (see [`Store::background_read_replicated`]).
+async fn read_call(store: &Store, sku: &str, cmd: redis::Cmd) -> Result<Value, StoreError> {
+    match store
+        .background_read_replicated(&cmd, &store.keys(sku))
         .await
-        .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-    let reply = store
-        .bounded(async { Ok(cmd.query_async(&mut *con).await?) })
-        .await;
-    match reply {
+    {
         Err(StoreError::Redis(r)) if r.code() == Some("NOGROUP") => Ok(Value::Nil),
         other => other,
     }
