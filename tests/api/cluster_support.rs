@@ -34,6 +34,7 @@ struct Node {
     /// Client port; the cluster bus has its own (`--cluster-port`), both picked free, since
     /// the default bus port (port + 10000) may be taken or past 65535.
     port: u16,
+    bus: u16,
     /// Its own directory: `nodes.conf`, the log.
     dir: PathBuf,
     /// `None` once killed.
@@ -192,6 +193,42 @@ fn distinct_free_ports(n: usize) -> Vec<u16> {
         .collect()
 }
 
+/// Starts one cluster node; its `nodes.conf` in `dir` makes a restarted node rejoin as itself.
+fn spawn_node(port: u16, bus: u16, dir: &std::path::Path) -> std::process::Child {
+    std::process::Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args([
+            "--cluster-enabled",
+            "yes",
+            "--cluster-port",
+            &bus.to_string(),
+        ])
+        .arg("--cluster-config-file")
+        .arg(dir.join("nodes.conf"))
+        // Failure detection in about a second; a replica may always take over (its link's
+        // age does not disqualify it), and a cluster missing a slot serves no reads either,
+        // as production runs it.
+        .args(["--cluster-node-timeout", "1000"])
+        .args(["--cluster-replica-validity-factor", "0"])
+        .args(["--cluster-allow-reads-when-down", "no"])
+        // A replica's first sync starts at once (Redis 7 waits 5 s for more replicas).
+        .args([
+            "--repl-diskless-sync",
+            "yes",
+            "--repl-diskless-sync-delay",
+            "0",
+        ])
+        .args(["--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(dir)
+        .arg("--logfile")
+        .arg(dir.join("redis.log"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server is installed")
+}
+
 impl Node {
     /// Waits until the node answers PING; a node that exited (its port taken by someone else
     /// meanwhile) fails the test with its log.
@@ -239,40 +276,10 @@ impl PrivateCluster {
         for _ in 0..count {
             let (port, bus) = (ports.next().unwrap(), ports.next().unwrap());
             let dir = scratch_dir("cluster");
-            let child = std::process::Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args([
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-port",
-                    &bus.to_string(),
-                ])
-                .arg("--cluster-config-file")
-                .arg(dir.join("nodes.conf"))
-                // Failure detection in about a second; a replica may always take over (its
-                // link's age does not disqualify it), and a cluster missing a slot serves no
-                // reads either, as production runs it.
-                .args(["--cluster-node-timeout", "1000"])
-                .args(["--cluster-replica-validity-factor", "0"])
-                .args(["--cluster-allow-reads-when-down", "no"])
-                // A replica's first sync starts at once (Redis 7 waits 5 s for more replicas).
-                .args([
-                    "--repl-diskless-sync",
-                    "yes",
-                    "--repl-diskless-sync-delay",
-                    "0",
-                ])
-                .args(["--save", "", "--appendonly", "no"])
-                .arg("--dir")
-                .arg(&dir)
-                .arg("--logfile")
-                .arg(dir.join("redis.log"))
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("redis-server is installed");
+            let child = spawn_node(port, bus, &dir);
             nodes.push(Node {
                 port,
+                bus,
                 dir,
                 child: Some(child),
             });
@@ -394,13 +401,17 @@ impl PrivateCluster {
     }
 
     /// Waits until every live node serves, agrees with every other on one slot map covering
-    /// every slot, and every live replica's link to its master is up and synced.
+    /// every slot and on every live node's role (none flagged failing), and every live
+    /// replica's link to its master is up and synced.
     pub async fn wait_ready(&self) {
         let live = self.live_ports();
         poll_until(CLUSTER_WAIT, "the cluster is ready", || {
             let live = live.clone();
             async move {
                 let mut first: Option<BTreeMap<(u16, u16), u16>> = None;
+                // Each live node's role as it states it, then as every other node sees it.
+                let mut roles: HashMap<u16, (bool, Option<String>)> = HashMap::new();
+                let mut views = Vec::new();
                 for &port in &live {
                     let state = info_cluster(port).await?;
                     if state.get("cluster_state").map(String::as_str) != Some("ok") {
@@ -428,6 +439,16 @@ impl PrivateCluster {
                             && repl.get("master_sync_in_progress").map(String::as_str) == Some("0");
                         if !up {
                             return Err(format!("replica {port} not linked: {repl:?}"));
+                        }
+                    }
+                    roles.insert(port, (me.is_master(), me.master.clone()));
+                    views.push((port, view));
+                }
+                for (port, view) in &views {
+                    for n in view.iter().filter(|n| live.contains(&n.port)) {
+                        let seen = (n.is_master(), n.master.clone());
+                        if n.failed() || roles.get(&n.port) != Some(&seen) {
+                            return Err(format!("{port} sees {n:?} otherwise than it is"));
                         }
                     }
                 }
@@ -472,6 +493,22 @@ impl PrivateCluster {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// Starts the killed node on `port` again, with its `nodes.conf` and no data: it rejoins
+    /// the cluster and, its slots taken over meanwhile, becomes a replica of their new master.
+    /// Waits until the cluster is ready again (every replica linked and synced).
+    pub async fn restart(&mut self, port: u16) {
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.port == port)
+            .unwrap_or_else(|| panic!("no node on {port}"));
+        assert!(node.child.is_none(), "the node on {port} is running");
+        node.child = Some(spawn_node(node.port, node.bus, &node.dir));
+        node.wait_up().await;
+        self.wait_ready().await;
+        self.remember_replicas().await;
     }
 
     /// Waits until a replica of the master killed for `key` serves `key`'s slot as master,
@@ -940,6 +977,27 @@ async fn a_killed_master_is_replaced_by_its_replica() {
     let v: String = redis::cmd("GET")
         .arg(key)
         .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(v, "kept");
+
+    // The dead node comes back as the new master's replica, with the key.
+    cluster.restart(killed).await;
+    let view = cluster.view().await;
+    let back = view.iter().find(|n| n.port == killed).unwrap();
+    assert!(!back.is_master(), "{back:?}");
+    assert_eq!(
+        back.master.as_deref(),
+        Some(cluster.id_of(promoted).await.as_str())
+    );
+    let mut replica = connect(killed).await.unwrap();
+    redis::cmd("READONLY")
+        .query_async::<()>(&mut replica)
+        .await
+        .unwrap();
+    let v: String = redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut replica)
         .await
         .unwrap();
     assert_eq!(v, "kept");

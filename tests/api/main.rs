@@ -5,6 +5,7 @@ mod batches;
 mod catalog;
 mod claims;
 mod cli;
+mod cluster;
 mod cluster_support;
 mod deploy;
 mod durability;
