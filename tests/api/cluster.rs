@@ -560,6 +560,132 @@ async fn a_master_killed_mid_drop_loses_no_answered_winner_and_oversells_nothing
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_killed_on_a_one_replica_cluster_sells_on_or_fails_closed_and_sells_exactly_the_rest_once_a_replica_is_back(
+) {
+    let started = Instant::now();
+    // One replica per master, the usual layout: after the failover the promoted master has
+    // none until the dead node comes back (as its replica).
+    let mut cluster = PrivateCluster::start(3, 1).await;
+    let fleet = ClusterDrop::start(&cluster, &[]).await;
+    let sku = "lonely";
+    let total = 1500;
+    assert_eq!(fleet.apis[0].declare(sku, total, 1).await.status(), 201);
+    let (killed, mut tally) = kill_master_mid_drop(&mut cluster, &fleet, sku, total).await;
+    // What the contract promises and this layout breaks is collected, and asserted last, after
+    // the checks of what must hold whatever the layout.
+    let mut broken: Vec<String> = Vec::new();
+
+    // Buyers while the promoted master has no replica: the SKU sells on (201, written) or
+    // fails closed (503 `unavailable`, nothing moved).
+    let round = buyers(sku, "alone", 300);
+    let mut alone = Tally::default();
+    alone.add(
+        &round,
+        release(&fleet.apis, &round, &Arc::new(AtomicUsize::new(0))).await,
+    );
+    assert!(alone.other.is_empty() && alone.no_answer == 0, "{alone:?}");
+    for user in &alone.unavailable {
+        assert_eq!(
+            fleet.probe.held(sku, user).await,
+            0,
+            "{user} was promised nothing"
+        );
+    }
+    // A claim still unknown (no replica holds it) is unknown to GET too: 503 outcome_unknown
+    // again, never "won" (a failover now would take the claim away with its master).
+    let mut shown_won_unreplicated = 0;
+    for (id, user) in &alone.unknown {
+        let r = fleet.apis[2]
+            .http
+            .get(format!("{}/v1/claims/{id}", fleet.apis[2].base))
+            .bearer_auth(token(user))
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 200 {
+            shown_won_unreplicated += 1;
+        }
+    }
+    if shown_won_unreplicated > 0 {
+        broken.push(format!(
+            "GET /v1/claims/{{id}} answered 200 for {shown_won_unreplicated} claims answered 503 \
+             outcome_unknown that no replica holds yet (the settler still counts them unknown)"
+        ));
+    }
+    let mut won = tally.won_ids();
+    won.extend(alone.won_ids());
+    for (id, user) in std::mem::take(&mut tally.unknown) {
+        if settled_won(&fleet.apis[0], &user, id).await {
+            won.insert(id);
+        }
+    }
+    let mut told_503_but_won = 0;
+    for (id, user) in &alone.unknown {
+        if settled_won(&fleet.apis[0], user, *id).await {
+            won.insert(*id);
+            told_503_but_won += 1;
+        }
+    }
+    eprintln!(
+        "with no replica: {} won, {} sold out, {} unavailable, {} unknown ({told_503_but_won} of them won)",
+        alone.won.len(),
+        alone.sold_out,
+        alone.unavailable.len(),
+        alone.unknown.len()
+    );
+    if told_503_but_won > 0 {
+        broken.push(format!(
+            "with no replica behind the promoted master, {told_503_but_won} of 300 buyers were \
+             answered 503 outcome_unknown for claims that won (stock spent, buyer told 503): \
+             neither selling on nor failing closed"
+        ));
+    }
+    let answered: HashSet<Uuid> = tally.won_ids().union(&alone.won_ids()).copied().collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let unwritten = loop {
+        let issued: HashSet<Uuid> = fleet.issued_ids(sku).await.into_iter().collect();
+        let missing = answered.difference(&issued).count();
+        if missing == 0 || Instant::now() > deadline {
+            break missing;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    if unwritten > 0 {
+        broken.push(format!(
+            "{unwritten} winners answered 201 were still not in issuances 10 s after the failover: \
+             the writers stall while the promoted master has no replica"
+        ));
+    }
+
+    // The dead node comes back, as the promoted master's replica: everything drains.
+    cluster.restart(killed).await;
+    let v = fleet.apis[1].drained(sku).await;
+    assert_eq!(v["consistent"], true, "{v}");
+    let issued: HashSet<Uuid> = fleet.issued_ids(sku).await.into_iter().collect();
+    assert_eq!(issued, won, "issuances are exactly the winners");
+    let left = fleet.probe.stock(sku).await.unwrap();
+    assert_eq!(
+        left + issued.len() as i64,
+        total,
+        "stock + recorded = total"
+    );
+    let rest = buyers(sku, "rest", 2 * left as usize + 100);
+    let mut after = Tally::default();
+    after.add(&rest, release_in_rounds(&fleet.apis, &rest).await);
+    assert!(
+        after.other.is_empty() && after.unavailable.is_empty() && after.unknown.is_empty(),
+        "{after:?}"
+    );
+    assert_eq!(after.won.len() as i64, left, "sells exactly what is left");
+    let v = fleet.apis[1].drained(sku).await;
+    assert_eq!(v["recorded"], total, "{v}");
+    assert_eq!(v["consistent"], true, "{v}");
+    counts_within_limit(&fleet.probe, sku, total).await;
+    eprintln!("one-replica failover test: {:?}", started.elapsed());
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_sigkilled_on_a_cluster_has_its_journal_entries_taken_over() {
     let started = Instant::now();
     let cluster = PrivateCluster::start(3, 1).await;
