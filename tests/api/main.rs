@@ -6,6 +6,8 @@ mod batches;
 mod catalog;
 mod claims;
 mod cli;
+mod cluster;
+mod cluster_support;
 mod deploy;
 mod durability;
 mod edge;

@@ -19,7 +19,7 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-fn scratch_dir(kind: &str) -> PathBuf {
+pub fn scratch_dir(kind: &str) -> PathBuf {
     let dir =
         std::env::temp_dir().join(format!("dropgate-{kind}-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
