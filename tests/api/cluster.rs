@@ -29,6 +29,14 @@ struct ClusterDrop {
 impl ClusterDrop {
     async fn start(cluster: &PrivateCluster, env: &[(&str, &str)]) -> Self {
         let iso = Isolation::new();
+        // A replica on this loaded 2-core machine may take longer than the default 200 ms to
+        // acknowledge (1 s here, under the 2 s call timeout); a win it did not acknowledge in time is answered outcome_unknown, which
+        // the tests accept only where they expect it.
+        let mut env: Vec<(&str, &str)> = env.to_vec();
+        if !env.iter().any(|(k, _)| *k == "DROPGATE_REDIS_WAIT_MS") {
+            env.push(("DROPGATE_REDIS_WAIT_MS", "1000"));
+        }
+        let env = env.as_slice();
         // The first creates the database and migrates; the others find it done.
         let mut gateways = vec![GatewayProcess::start(&iso, &cluster.urls(), env).await];
         for _ in 0..2 {
