@@ -63,8 +63,9 @@ redis_node "$SINGLE_PORT"
 CLUSTER_PORTS=()
 for _ in 1 2 3 4 5 6; do
   p=$(free_port)
+  # The bus port is given: the default (port + 10000) may not exist.
   redis_node "$p" --cluster-enabled yes --cluster-config-file "$TMP/r$p/nodes.conf" \
-    --cluster-node-timeout 2000
+    --cluster-node-timeout 2000 --cluster-port "$(free_port)" --repl-diskless-sync-delay 0
   CLUSTER_PORTS+=("$p")
 done
 redis-cli --cluster create $(printf '127.0.0.1:%s ' "${CLUSTER_PORTS[@]}") \

@@ -80,6 +80,26 @@ fn buyers(sku: &str, stem: &str, n: usize) -> Vec<Buyer> {
 /// Releases every buyer at once (a barrier), buyer `i` on gateway `i % apis.len()`; `answered`
 /// counts the answers as they come. Each result is the status (0: no answer, the connection
 /// failed) and body.
+/// Releases `waves` waves of 150 fresh buyers one after the other, in the background, so a
+/// drop keeps running while the test breaks something; the tally of every answer.
+fn spawn_waves(
+    apis: &[Api],
+    sku: &'static str,
+    waves: usize,
+    answered: &Arc<AtomicUsize>,
+) -> tokio::task::JoinHandle<Tally> {
+    let (apis, answered) = (apis.to_vec(), answered.clone());
+    tokio::spawn(async move {
+        let mut tally = Tally::default();
+        for w in 0..waves {
+            let wave = buyers(sku, &format!("w{w}"), 150);
+            let results = release(&apis, &wave, &answered).await;
+            tally.add(&wave, results);
+        }
+        tally
+    })
+}
+
 async fn release(apis: &[Api], buyers: &[Buyer], answered: &Arc<AtomicUsize>) -> Vec<(u16, Value)> {
     // A client of its own that keeps no connection: a pooled one that the gateway closes as
     // idle (its header-read timeout) just as a later release reuses it would fail that buyer.
@@ -373,18 +393,7 @@ async fn a_slot_migrated_mid_drop_oversells_nothing_and_loses_no_winner() {
 
     // Buyers in waves of 150 (3,000 in all), so the drop is still running while the slot moves.
     let answered = Arc::new(AtomicUsize::new(0));
-    let waves = tokio::spawn({
-        let (apis, answered) = (fleet.apis.clone(), answered.clone());
-        async move {
-            let mut tally = Tally::default();
-            for w in 0..20 {
-                let wave = buyers(sku, &format!("w{w}"), 150);
-                let results = release(&apis, &wave, &answered).await;
-                tally.add(&wave, results);
-            }
-            tally
-        }
-    });
+    let waves = spawn_waves(&fleet.apis, sku, 20, &answered);
 
     // Once the drop is under way the slot starts moving; half its keys go, and claims keep
     // coming while the SKU's keys are split between two masters.
@@ -712,18 +721,7 @@ async fn a_gateway_sigkilled_on_a_cluster_has_its_journal_entries_taken_over() {
         .unwrap();
 
     let answered = Arc::new(AtomicUsize::new(0));
-    let waves = tokio::spawn({
-        let (apis, answered) = (fleet.apis.clone(), answered.clone());
-        async move {
-            let mut tally = Tally::default();
-            for w in 0..8 {
-                let wave = buyers(sku, &format!("w{w}"), 150);
-                let results = release(&apis, &wave, &answered).await;
-                tally.add(&wave, results);
-            }
-            tally
-        }
-    });
+    let waves = spawn_waves(&fleet.apis, sku, 8, &answered);
     // Each gateway's writer holds entries of its own.
     let journal = fleet.probe.key(sku, "journal");
     wait_for(Duration::from_secs(60), || async {
@@ -802,4 +800,82 @@ async fn pending_by_consumer(probe: &ClusterProbe, journal: &str) -> HashMap<Str
             (name, pending)
         })
         .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_rows_compensate_restore_rebuilds_and_reconcile_balances_on_a_cluster() {
+    let cluster = PrivateCluster::start(3, 1).await;
+    let fleet = ClusterDrop::start(&cluster, &[("DROPGATE_REPROCESS_MAX_ATTEMPTS", "2")]).await;
+    crate::durability::install_trigger(&fleet.db).await;
+    // One SKU per master: the reprocessor's give-backs and restore's rebuild each reach the
+    // SKU's own node.
+    let skus = skus_on_every_master(&cluster, "comp", 1).await;
+    for sku in &skus {
+        assert_eq!(fleet.apis[0].declare(sku, 100, 1).await.status(), 201);
+        // 60 buyers, every third one's row refused by PostgreSQL until it is compensated.
+        let buyers: Vec<String> = (0..60)
+            .map(|i| format!("{}-{i}", if i % 3 == 0 { "bad" } else { "good" }))
+            .collect();
+        let results = release_buyers(&fleet.apis[1], sku, buyers).await;
+        assert_eq!(won_ids(&results).len(), 60);
+    }
+    for sku in &skus {
+        let sku_ref = sku.as_str();
+        wait_for(Duration::from_secs(60), || async {
+            let v = fleet.apis[2].view(sku_ref).await;
+            v["compensated"] == 20 && v["recorded"] == 40 && v["pending"] == 0
+        })
+        .await;
+        // The compensations gave 20 units back to the SKU's own node: 100 - 40 written.
+        assert_eq!(fleet.probe.stock(sku).await, Some(60), "{sku}");
+        assert_eq!(fleet.apis[2].view(sku).await["consistent"], true);
+    }
+
+    // Redis loses one SKU: every key of its slot on its master is deleted.
+    let lost = &skus[0];
+    let master = cluster.master_of(&sku_key(lost)).await;
+    let slot = cluster.slot_of(&sku_key(lost)).await;
+    let mut con = cluster.connection().await;
+    for key in PrivateCluster::keys_in_slot(master, slot, 10_000).await {
+        let _: i64 = redis::cmd("DEL")
+            .arg(&key)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+    }
+    assert_eq!(fleet.probe.stock(lost).await, None);
+    let r = fleet.apis[0].claim(lost, "late-1", 1, None).await;
+    assert_eq!(r.status(), 503, "a lost SKU fails closed");
+    assert_eq!(fleet.apis[1].restore(lost, false).await.status(), 200);
+    assert_eq!(fleet.probe.stock(lost).await, Some(60));
+    let v = fleet.apis[2].view(lost).await;
+    assert_eq!(v["consistent"], true, "{v}");
+    // The 40 holders keep their count: none of them wins again.
+    let again = release_buyers(&fleet.apis[0], lost, vec!["good-1".to_string()]).await;
+    assert_eq!(won_ids(&again).len(), 0, "{again:?}");
+
+    // reconcile reads every SKU on its own node.
+    let db_url = fleet
+        .db
+        .connect_options()
+        .get_database()
+        .map(|d| format!("postgres://postgres@127.0.0.1:5432/{d}"));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dropgate"))
+        .arg("reconcile")
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("REDIS_URL", cluster.urls())
+        .env("DATABASE_URL", db_url.unwrap())
+        .env("DROPGATE_KEY_PREFIX", &fleet.probe.prefix)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{table}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for sku in &skus {
+        assert!(table.contains(sku.as_str()), "{table}");
+    }
 }
