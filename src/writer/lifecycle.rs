@@ -67,6 +67,40 @@ pub async fn apply_changes(db: &PgPool, changes: &[Change]) -> Result<Vec<Uuid>,
         .await?)
 }
 
+/// Changes whose claim no table holds yet: its win is still on its way to `issuances` (another
+/// gateway's writer read it and has not committed it). A hold's change read before its win
+/// would otherwise update nothing and be acknowledged: the hold would stay `held` in the
+/// ledger forever. Changes older than `grace` (by their own time) are not reported: a win
+/// that has not arrived by then never will (quarantined without a claim id, say), and the
+/// change is then acknowledged as it is.
+///
+/// # Errors
+/// The database error.
+pub async fn early_changes(
+    db: &PgPool,
+    changes: &[Change],
+    now_ms: i64,
+    grace: std::time::Duration,
+) -> Result<Vec<Uuid>, DbError> {
+    let young: Vec<Uuid> = changes
+        .iter()
+        .filter(|c| now_ms - c.ms < grace.as_millis() as i64)
+        .map(|c| c.claim_id)
+        .collect();
+    if young.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(sqlx::query_scalar(
+        "SELECT c FROM UNNEST($1::uuid[]) AS c
+          WHERE NOT EXISTS (SELECT 1 FROM issuances WHERE claim_id = c)
+            AND NOT EXISTS (SELECT 1 FROM persistence_pending WHERE claim_id = c)
+            AND NOT EXISTS (SELECT 1 FROM quarantine WHERE claim_id = c)",
+    )
+    .bind(young)
+    .fetch_all(db)
+    .await?)
+}
+
 /// Applies waitlist changes (the same entry may change twice in one batch: one statement per
 /// status step, in order). Returns the entries that ended (claimed, expired, left).
 ///

