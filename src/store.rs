@@ -168,7 +168,11 @@ impl Store {
             recent_marks: Arc::default(),
         };
         let mut con = store.hot();
-        store.bounded(crate::scripts::load_all(&mut con)).await?;
+        // Startup is not the hot path: loading every script (on every master) gets the same
+        // generous bound as the first connection, so a loaded machine does not fail a start.
+        tokio::time::timeout(timeout * 8, crate::scripts::load_all(&mut con))
+            .await
+            .map_err(|_| StoreError::Timeout)??;
         Ok(store)
     }
 
