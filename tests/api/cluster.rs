@@ -335,6 +335,7 @@ async fn counts_within_limit(probe: &ClusterProbe, sku: &str, units: i64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drop_on_many_skus_across_every_master_sells_out_exactly_and_writes_every_winner() {
+    let _heavy = crate::helpers::heavy().await;
     let started = Instant::now();
     let cluster = PrivateCluster::start(3, 1).await;
     let fleet = ClusterDrop::start(&cluster, &[]).await;
@@ -393,6 +394,7 @@ async fn a_drop_on_many_skus_across_every_master_sells_out_exactly_and_writes_ev
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_migrated_mid_drop_oversells_nothing_and_loses_no_winner() {
+    let _heavy = crate::helpers::heavy().await;
     let started = Instant::now();
     let cluster = PrivateCluster::start(3, 1).await;
     let fleet = ClusterDrop::start(&cluster, &[]).await;
@@ -493,6 +495,7 @@ async fn a_slot_migrated_mid_drop_oversells_nothing_and_loses_no_winner() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_killed_mid_drop_loses_no_answered_winner_and_oversells_nothing() {
+    let _heavy = crate::helpers::heavy().await;
     let started = Instant::now();
     // Two replicas per master: after the failover the promoted master still has one, so
     // the one-replica acknowledgement a win waits for can be given again.
@@ -593,6 +596,7 @@ async fn a_master_killed_mid_drop_loses_no_answered_winner_and_oversells_nothing
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_killed_on_a_one_replica_cluster_sells_on_or_fails_closed_and_sells_exactly_the_rest_once_a_replica_is_back(
 ) {
+    let _heavy = crate::helpers::heavy().await;
     let started = Instant::now();
     // One replica per master, the usual layout: after the failover the promoted master has
     // none until the dead node comes back (as its replica).
@@ -719,6 +723,7 @@ async fn a_master_killed_on_a_one_replica_cluster_sells_on_or_fails_closed_and_s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_sigkilled_on_a_cluster_has_its_journal_entries_taken_over() {
+    let _heavy = crate::helpers::heavy().await;
     let started = Instant::now();
     let cluster = PrivateCluster::start(3, 1).await;
     let mut fleet =
@@ -819,6 +824,7 @@ async fn pending_by_consumer(probe: &ClusterProbe, journal: &str) -> HashMap<Str
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_rows_compensate_restore_rebuilds_and_reconcile_balances_on_a_cluster() {
+    let _heavy = crate::helpers::heavy().await;
     let cluster = PrivateCluster::start(3, 1).await;
     let fleet = ClusterDrop::start(&cluster, &[("DROPGATE_REPROCESS_MAX_ATTEMPTS", "2")]).await;
     crate::durability::install_trigger(&fleet.db).await;

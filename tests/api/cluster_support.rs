@@ -853,6 +853,7 @@ pub async fn skus_on_every_master(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_private_cluster_serves_every_slot_and_moves_a_slot_with_its_keys() {
+    let _heavy = crate::helpers::heavy().await;
     let cluster = PrivateCluster::start(3, 1).await;
     assert_eq!(cluster.urls().split(',').count(), 6);
     let mut con = cluster.connection().await;
@@ -943,6 +944,7 @@ async fn a_private_cluster_serves_every_slot_and_moves_a_slot_with_its_keys() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_master_is_replaced_by_its_replica() {
+    let _heavy = crate::helpers::heavy().await;
     let mut cluster = PrivateCluster::start(3, 1).await;
     let key = "{victim}:state";
     let master = cluster.master_of(key).await;

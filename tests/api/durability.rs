@@ -11,6 +11,7 @@ use crate::services::{GatewayProcess, PrivatePostgres};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drop_of_2000_buyers_on_500_units_records_exactly_the_winners() {
+    let _heavy = crate::helpers::heavy().await;
     let app = spawn_app().await;
     app.declare("big", 500, 1).await;
     let results = release_buyers(&app.api, "big", users("b", 2000)).await;
@@ -34,6 +35,7 @@ async fn a_drop_of_2000_buyers_on_500_units_records_exactly_the_winners() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_sigkilled_mid_drop_loses_no_winner() {
+    let _heavy = crate::helpers::heavy().await;
     let iso = Isolation::new();
     let mut gw = GatewayProcess::start(&iso, REDIS_URL, &[]).await;
     let api = Api::new(gw.base.clone());

@@ -440,3 +440,12 @@ pub async fn script_stock(con: &mut ConnectionManager, keys: &dropgate::keys::Sk
         .await
         .unwrap()
 }
+
+/// Tests that load the whole machine (a Redis Cluster of their own, thousands of buyers at
+/// once, the seeded models) take this first, so no two of them run together: on two cores a
+/// pair of them starves the gateways they drive into timeouts no deployment would see. The
+/// guard is held for the whole test.
+pub async fn heavy() -> tokio::sync::MutexGuard<'static, ()> {
+    static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    HEAVY.lock().await
+}

@@ -303,6 +303,7 @@ async fn a_confirm_racing_the_expiry_has_exactly_one_winner_per_hold() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_holds_expire_once_with_two_gateways() {
+    let _heavy = crate::helpers::heavy().await;
     let iso = Isolation::new();
     let gw1 = GatewayProcess::start(&iso, REDIS_URL, &[]).await;
     let gw2 = GatewayProcess::start(&iso, REDIS_URL, &[]).await;

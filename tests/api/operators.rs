@@ -149,6 +149,7 @@ async fn restores_and_restocks_racing_on_one_sku_keep_it_balanced() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sku_with_a_million_claims_restores_in_bounded_chunks() {
+    let _heavy = crate::helpers::heavy().await;
     let app = spawn_app().await;
     app.declare("big", 1_000_010, 1_000).await;
     // A million live claims over 100,000 buyers, a tenth of them with an Idempotency-Key.

@@ -108,6 +108,7 @@ async fn readyz(api: &Api) -> (u16, Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drop_of_1000_buyers_on_100_units_publishes_exactly_100_claim_won_events() {
+    let _heavy = crate::helpers::heavy().await;
     let nats = PrivateNats::start().await;
     let app = spawn_app_with(|c| c.nats_url = Some(nats.url())).await;
     app.declare("evt", 100, 1).await;
@@ -140,6 +141,7 @@ async fn a_drop_of_1000_buyers_on_100_units_publishes_exactly_100_claim_won_even
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_sigkilled_mid_relay_beside_a_second_one_loses_no_event_and_repeats_none() {
+    let _heavy = crate::helpers::heavy().await;
     let nats = PrivateNats::start().await;
     let iso = Isolation::new();
     let url = nats.url();

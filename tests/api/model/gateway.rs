@@ -51,6 +51,7 @@ struct History {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateway_keeps_every_invariant_under_seeded_faults() {
+    let _heavy = crate::helpers::heavy().await;
     let (seed, _) = super::scripts::seed_and_steps();
     let steps: u64 = std::env::var("GATEWAY_MODEL_STEPS")
         .ok()

@@ -35,6 +35,7 @@ pub fn seed_and_steps() -> (u64, u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scripts_agree_with_the_model_over_a_million_seeded_steps() {
+    let _heavy = crate::helpers::heavy().await;
     let (seed, steps) = seed_and_steps();
     eprintln!("script model: MODEL_SEED={seed} MODEL_STEPS={steps}");
     let started = std::time::Instant::now();
