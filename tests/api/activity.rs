@@ -76,6 +76,23 @@ async fn winners_left_by_a_sigkilled_gateway(iso: &Isolation, sku: &str) -> Vec<
     won
 }
 
+/// A second gateway, one that never served `sku`, writes the winners `won` a SIGKILLed one
+/// left behind: exactly them, the journal emptied, the ledger balanced.
+async fn written_by_a_second_gateway(
+    iso: &Isolation,
+    probe: &Probe,
+    sku: &str,
+    mut won: Vec<Uuid>,
+) {
+    let gw2 = GatewayProcess::start(iso, REDIS_URL, &[]).await;
+    let v = Api::new(gw2.base.clone()).drained(sku).await;
+    won.sort();
+    assert_eq!(probe.issued_ids(sku).await, won);
+    assert_eq!(journal_len(probe, sku).await, 0);
+    assert_eq!(probe.stock(sku).await, Some(30));
+    assert_eq!(v["consistent"], true, "{v}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn winners_of_a_sigkilled_gateway_are_written_by_one_that_never_served_the_sku() {
     let iso = Isolation::new();
@@ -86,15 +103,7 @@ async fn winners_of_a_sigkilled_gateway_are_written_by_one_that_never_served_the
     // The claims marked the SKU active: that is how a gateway that never saw it finds it.
     assert!(score(&probe, "dead").await.is_some());
 
-    let gw2 = GatewayProcess::start(&iso, REDIS_URL, &[]).await;
-    let api2 = Api::new(gw2.base.clone());
-    let v = api2.drained("dead").await;
-    let mut won = won;
-    won.sort();
-    assert_eq!(probe.issued_ids("dead").await, won);
-    assert_eq!(journal_len(&probe, "dead").await, 0);
-    assert_eq!(probe.stock("dead").await, Some(30));
-    assert_eq!(v["consistent"], true, "{v}");
+    written_by_a_second_gateway(&iso, &probe, "dead", won).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -110,15 +119,7 @@ async fn winners_of_a_sigkilled_gateway_are_found_by_the_catalog_walk_when_the_a
         .await
         .unwrap();
 
-    let gw2 = GatewayProcess::start(&iso, REDIS_URL, &[]).await;
-    let api2 = Api::new(gw2.base.clone());
-    let v = api2.drained("orphan").await;
-    let mut won = won;
-    won.sort();
-    assert_eq!(probe.issued_ids("orphan").await, won);
-    assert_eq!(journal_len(&probe, "orphan").await, 0);
-    assert_eq!(probe.stock("orphan").await, Some(30));
-    assert_eq!(v["consistent"], true, "{v}");
+    written_by_a_second_gateway(&iso, &probe, "orphan", won).await;
     // The walk put it back (with the sentinel that tells a lost set from an empty one).
     assert!(score(&probe, "orphan").await.is_some());
     assert!(score(&probe, activity::SENTINEL).await.is_some());
