@@ -253,6 +253,10 @@ impl Store {
         cmd: &Cmd,
         keys: &SkuKeys,
     ) -> Result<Value, StoreError> {
+        // No key string built and no future awaited on a deployment that waits for nothing.
+        if self.replicas.configured == 0 {
+            return self.background_query(cmd).await;
+        }
         let required = self
             .replicas
             .required(&self.hot, &keys.state(), self.timeout)
@@ -324,6 +328,11 @@ impl Store {
     /// # Errors
     /// The failure to reach the node.
     pub async fn replicated(&self, keys: &SkuKeys) -> Result<bool, StoreError> {
+        // The claim path calls this after every call that won: on a single Redis (nothing to
+        // wait for) it must cost nothing, not a key string per call.
+        if self.replicas.configured == 0 {
+            return Ok(true);
+        }
         let required = self
             .replicas
             .required(&self.hot, &keys.state(), self.timeout)
