@@ -35,6 +35,7 @@ use uuid::Uuid;
 use dropgate::auth::{mint, Verifier};
 use dropgate::claims::now_ms;
 use dropgate::config::Secret;
+use dropgate::ids;
 use dropgate::keys::SkuKeys;
 use dropgate::scripts::{self, ClaimInput, Decision};
 use dropgate::store::{RedisConn, Store};
@@ -66,7 +67,6 @@ static USER_SEQ: AtomicU64 = AtomicU64::new(0);
 /// A claim of one unit by a user no other claim of the run uses.
 fn fresh_claim() -> ClaimInput {
     ClaimInput {
-        claim_id: Uuid::now_v7(),
         user: format!("u{}", USER_SEQ.fetch_add(1, Ordering::Relaxed)),
         quantity: 1,
         idempotency_key: None,
@@ -206,7 +206,7 @@ async fn burst_connection_manager(con: &RedisConn, sku: &BenchSku) {
         let mut con = con.clone();
         let keys = sku.keys.clone();
         tasks.spawn(async move {
-            let d = scripts::claim(&mut con, &keys, &[input], now_ms(), 0)
+            let d = scripts::claim(&mut con, &keys, &ids::mint_call(0), &[input], now_ms(), 0)
                 .await
                 .expect("claim");
             expect_won(&d, 1);
@@ -225,7 +225,7 @@ async fn burst_pool(pool: &bb8::Pool<RedisConnectionManager>, sku: &BenchSku) {
         let keys = sku.keys.clone();
         tasks.spawn(async move {
             let mut con = pool.get().await.expect("bb8 get");
-            let d = scripts::claim(&mut *con, &keys, &[input], now_ms(), 0)
+            let d = scripts::claim(&mut *con, &keys, &ids::mint_call(0), &[input], now_ms(), 0)
                 .await
                 .expect("claim");
             expect_won(&d, 1);
@@ -321,9 +321,16 @@ fn bench_claim_script(c: &mut Criterion, rt: &Runtime, fx: &Fixture) {
                     for _ in 0..iters {
                         let inputs = fresh_claims(n);
                         let start = Instant::now();
-                        let d = scripts::claim(&mut con, &sku.keys, &inputs, now_ms(), 0)
-                            .await
-                            .expect("claim");
+                        let d = scripts::claim(
+                            &mut con,
+                            &sku.keys,
+                            &ids::mint_call(0),
+                            &inputs,
+                            now_ms(),
+                            0,
+                        )
+                        .await
+                        .expect("claim");
                         timed += start.elapsed();
                         expect_won(&d, n);
                         fx.account(&sku, n as u64).await;

@@ -13,7 +13,8 @@
 //!   admission token (`valid_again`: verified once before, as a buyer's retry is).
 //! - `body::decode_{typical, empty}`: `http::claim_quantity` on a claim body.
 //! - `batch::build.build_{0, 1, 2}`: `scripts::claim_invocation`, the `claim.lua` call of a
-//!   coalesced batch of 1, 32 and 128 claims (keys and arguments, not yet on the wire).
+//!   coalesced batch of 1, 32 and 128 claims (keys and arguments, not yet on the wire: the
+//!   call id once, three values per claim).
 //! - `reply::parse.parse_{0, 1, 2}`: `scripts::parse_claim_reply` on a reply of 1, 32 and 128
 //!   wins. (gungraun numbers `benches` cases by position.)
 
@@ -64,32 +65,35 @@ fn decode(body: &[u8]) -> Option<i64> {
     black_box(dropgate::http::claim_quantity(black_box(body)).ok())
 }
 
-/// `n` claims of one unit by distinct users, ids minted now (one records bucket). The script
+/// `n` claims of one unit by distinct users in one call, its id minted now. The script
 /// registry is built here (hashing every script once per process), not in the count.
-fn batch_case(n: usize) -> (SkuKeys, Vec<ClaimInput>) {
+fn batch_case(n: usize) -> (SkuKeys, Uuid, Vec<ClaimInput>) {
     let _ = scripts::SCRIPTS.claim.get_hash();
     let claims = (0..n)
         .map(|i| ClaimInput {
-            claim_id: Uuid::now_v7(),
             user: format!("user-{i:06}"),
             quantity: 1,
             idempotency_key: None,
         })
         .collect();
-    (SkuKeys::new("dg", "drop-1"), claims)
+    (
+        SkuKeys::new("dg", "drop-1"),
+        dropgate::ids::mint_call(1),
+        claims,
+    )
 }
 
 #[library_benchmark]
 #[benches::build(args = [1, 32, 128], setup = batch_case)]
-fn build((keys, claims): (SkuKeys, Vec<ClaimInput>)) -> bool {
-    let inv = scripts::claim_invocation(&keys, black_box(&claims), 1_764_000_000_000, 0);
+fn build((keys, call, claims): (SkuKeys, Uuid, Vec<ClaimInput>)) -> bool {
+    let inv = scripts::claim_invocation(&keys, &call, black_box(&claims), 1_764_000_000_000, 0);
     black_box(inv).is_ok()
 }
 
-/// `claim.lua`'s reply for `n` winners: (1, remaining) pairs.
+/// `claim.lua`'s reply for `n` winners: no hold expiry, then (1, remaining) pairs.
 fn reply_case(n: usize) -> (Value, usize) {
-    let items = (0..n)
-        .flat_map(|i| [Value::Int(1), Value::Int(1_000_000 - i as i64)])
+    let items = std::iter::once(Value::Int(0))
+        .chain((0..n).flat_map(|i| [Value::Int(1), Value::Int(1_000_000 - i as i64)]))
         .collect();
     (Value::Array(items), n)
 }

@@ -1,6 +1,7 @@
 # ratio-summary.awk: the summary of ratio.sh, from its results.tsv (one line per run):
 #   1 type (won|sold_out) 2 kind (dropgate|reference|base|nofast) 3 conns 4 round 5 units sold
-#   6 Redis CPU s 7 server CPU s 8 Redis commands 9 EVALSHAs 10 requests 11 non-2xx
+#   6 Redis CPU s 7 server CPU s 8 Redis commands 9 EVALSHAs (both "-" in older results of
+#   winning runs) 10 requests 11 non-2xx
 #   12 duration us 13 p50 us 14 p99 us 15 p99.9 us 16 socket errors
 # Ratios are taken per round (runs side by side) and shown as mean and range.
 function ratio_line(what, a, b, c,    r, sum, lo, hi, n, x) {
@@ -27,6 +28,7 @@ function mean(arr, k, c,    r, s, n) {
     rate[k, c, r] = ($10 - $11) / ($12 / 1e6)
     p99[k, c, r] = $14 / 1000; p50[k, c, r] = $13 / 1000
     rcpu[k, c, r] = $6 / $5 * 1e6; gcpu[k, c, r] = $7 / $5 * 1e6
+    if ($8 != "-") wcalls[k, c, r] = $8 / $5
     bad[k] += $11; errs[k] += $16
   } else {
     so[k] = 1
@@ -47,8 +49,8 @@ END {
     for (i = 1; i <= n; i++) {
       k = order[i]
       if (!(k in kinds)) continue
-      printf "  %-10s %9.0f claims/s  p50 %6.2f ms  p99 %6.2f ms  Redis CPU %5.2f us/claim  server CPU %5.2f us/claim\n",
-        k, mean(rate, k, c), mean(p50, k, c), mean(p99, k, c), mean(rcpu, k, c), mean(gcpu, k, c)
+      printf "  %-10s %9.0f claims/s  p50 %6.2f ms  p99 %6.2f ms  Redis CPU %5.2f us/claim  Redis commands %5.2f/claim  server CPU %5.2f us/claim\n",
+        k, mean(rate, k, c), mean(p50, k, c), mean(p99, k, c), mean(rcpu, k, c), mean(wcalls, k, c), mean(gcpu, k, c)
     }
     ratio_line("claims/s dropgate / reference:", "dropgate", "reference", c)
     if ("base" in kinds) ratio_line("claims/s dropgate / base (this build / BASE_BIN):", "dropgate", "base", c)

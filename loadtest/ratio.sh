@@ -8,7 +8,9 @@
 #    when given (a second build, e.g. before a change). Every request wins: a fresh SKU per run
 #    with 10^12 units and a per-user limit of 10^6. Around each run: Redis `INFO cpu`
 #    (used_cpu_sys + used_cpu_user) and the gateway's CPU (/proc/PID/stat utime + stime), read
-#    before the run and after the journal writer drained it, divided by the units sold.
+#    before the run and after the journal writer drained it, divided by the units sold; and
+#    Redis commands (INFO commandstats, scripts' own calls included; every server's idle
+#    background work included, not subtracted) over the same span, divided the same way.
 # 2. After sell-out: a SKU of one unit, so every request but the first is refused (409), on
 #    dropgate (the fast path), on dropgate with DROPGATE_SOLD_OUT_TRUST_MS=0 (every refusal a
 #    claim.lua call: the path before the fast path) and on the reference. Answered attempts/s,
@@ -110,13 +112,14 @@ RESULTS=$TMP/results.tsv
 # won_run KIND CONNS ROUND: one run where every request wins, on a fresh SKU.
 won_run() {
   local kind=$1 conns=$2 round=$3 sku="ratio-$1-$2-$3" url=${URL[$1]} view units c0 c1 g0 g1 rc=0
+  local k0 k1 e0 e1
   if [[ $kind == reference ]]; then
     "${RCLI[@]}" SET "ratio${ID}r:{$sku}:stock" "$UNITS" >/dev/null
   else
     view=$(admin PUT "$url/admin/skus/$sku" "{\"total\":$UNITS,\"per_user_limit\":$PER_USER_LIMIT}")
     [[ $(jq -r .remaining <<<"$view") == "$UNITS" ]] || die "declaring $sku: $view"
   fi
-  c0=$(redis_cpu) g0=$(proc_cpu "${PID[$kind]}")
+  c0=$(redis_cpu) g0=$(proc_cpu "${PID[$kind]}") k0=$(redis_calls all) e0=$(redis_calls evalsha)
   wrk_run "$kind-$conns-$round" "$url/v1/skus/$sku/claims" "$conns"
   if [[ $kind == reference ]]; then
     units=$((UNITS - $("${RCLI[@]}" GET "ratio${ID}r:{$sku}:stock")))
@@ -126,8 +129,9 @@ won_run() {
     ((rc == 0)) || say "WARNING: $kind: the writer did not drain $sku within ${DRAIN_S}s"
     units=$(jq -r "$UNITS - .remaining" <<<"$view")
   fi
-  c1=$(redis_cpu) g1=$(proc_cpu "${PID[$kind]}")
-  record won "$kind" "$conns" "$round" "$units" "$(sub "$c1" "$c0")" "$(sub "$g1" "$g0")" - -
+  c1=$(redis_cpu) g1=$(proc_cpu "${PID[$kind]}") k1=$(redis_calls all) e1=$(redis_calls evalsha)
+  record won "$kind" "$conns" "$round" "$units" "$(sub "$c1" "$c0")" "$(sub "$g1" "$g0")" \
+    $((k1 - k0)) $((e1 - e0))
 }
 
 # sold_out_run KIND ROUND: a SKU of one unit; every request after the first is refused.

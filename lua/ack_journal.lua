@@ -6,8 +6,9 @@
 -- KEYS[4]  waitlist entries <prefix>:{<sku>}:wl:entries
 -- ARGV[1]  consumer group ("writers")
 -- ARGV[2]  n, the number of entries
--- ARGV[3 + 2k], ARGV[4 + 2k] for k < n: a stream entry id and the units it carries (negative
---          for a cancel or expiry, whose units came back to Redis before it was written)
+-- ARGV[3 + 2k], ARGV[4 + 2k] for k < n: a stream entry id (each once) and the units it
+--          carries: those of all its winners (a claim.lua entry holds one call's winners),
+--          negative for a cancel or expiry, whose units came back to Redis before it was written
 -- ARGV[3 + 2n ..]: ids of holds and waitlist entries whose final status PostgreSQL now holds:
 --          their records are dropped (a later confirm, cancel or GET reads PostgreSQL)
 --

@@ -1,60 +1,75 @@
--- claim.lua: decide one or more claims on one SKU, in order, in one atomic step.
+-- claim.lua: decide the claims of one call on one SKU, in order, in one atomic step.
 --
 -- KEYS[1]        the SKU state hash {stock, limit, inflight, seq, stale}  <prefix>:{<sku>}:state
 -- KEYS[2]        per-user unit counts (hash user -> units held)   <prefix>:{<sku>}:users
 -- KEYS[3]        the winners' journal (stream, group "writers")   <prefix>:{<sku>}:journal
--- KEYS[4]        the claim records hash of the 10-minute bucket all these claim ids fall in
---                <prefix>:{<sku>}:claims:<bucket>, field = claim id
+-- KEYS[4]        the call records hash of the 10-minute bucket the call id falls in
+--                <prefix>:{<sku>}:claims:<bucket>, field = call id
 -- KEYS[5]        holds (hash claim id -> hold record)              <prefix>:{<sku>}:holds
 -- KEYS[6]        hold expiries (sorted set claim id -> expires_ms)   <prefix>:{<sku>}:expiry
 -- KEYS[7..]      the idempotency records, one for each claim that has a key, in claim order
 --
 -- ARGV[1]        now, unix milliseconds
 -- ARGV[2]        idempotency record TTL in seconds (at least 24 h)
--- ARGV[3]        claim records TTL in seconds (they only settle uncertain outcomes)
+-- ARGV[3]        call records TTL in seconds (they only settle uncertain outcomes)
 -- ARGV[4]        floor: the highest state sequence the gateway knows PostgreSQL has recorded
--- ARGV[5]        n, the number of claims
--- per claim i, four values:
--- ARGV[6+4i]     claim id (UUIDv7, minted before the call)
+-- ARGV[5]        the call id (UUIDv7 text, minted when the call was formed; src/ids.rs)
+-- ARGV[6]        n, the number of claims (1..128)
+-- per claim i (0-based), four values:
 -- ARGV[7+4i]     user id
 -- ARGV[8+4i]     quantity (integer >= 1)
 -- ARGV[9+4i]     Idempotency-Key value, or "" for none
+-- ARGV[10+4i]    the claim's piece, "i|quantity|len(user)|user", spelled out by the caller so
+--                that a winner costs no string building here
 --
--- Returns {"lost"} when the SKU state is missing (Redis lost it), {"stale"} when the state is
--- marked stale or its sequence is behind the floor (Redis came back with older data: the state
--- is marked stale here, so every gateway fails closed until restore). Nothing else is written
--- in either case. Otherwise a flat array of 1 + 2n values: first the expires_ms of this call's
--- winners when the SKU holds its claims (hold_ms > 0; 0 otherwise), then a (code, value) pair
--- per claim:
+-- Claim i's id is the call id with i in the low 7 bits of its byte 11 (hex digits 27-28 of
+-- the text; the call id's own index is 0), as src/ids.rs `claim_in` makes it.
+--
+-- Returns {"fenced"} when the call id already has a record: resolve_claim.lua fenced the call
+-- after its answer was lost, or this very call ran before (a resend); nothing is decided or
+-- written, and the caller reads the outcomes back. {"lost"} when the SKU state is missing
+-- (Redis lost it), {"stale"} when the state is marked stale or its sequence is behind the
+-- floor (Redis came back with older data: the state is marked stale here, so every gateway
+-- fails closed until restore); nothing else is written in either case. Otherwise a flat array
+-- of 1 + 2n values: first the expires_ms of this call's winners when the SKU holds its claims
+-- (hold_ms > 0; 0 otherwise), then a (code, value) pair per claim:
 --   1, remaining     won
 --   2, record        replay of an earlier win under the same key (the record below)
 --   3, remaining     sold out (not enough stock; no partial fill)
 --   4, held          per-user limit would be passed
 --   5, 0             idempotency key reused with another request
---   6, 0             the claim id was fenced by resolve_claim.lua (checked only when it would
---                    have won)
 --   7, opens_ms      the sale window has not opened (Redis's clock)
 --   8, closes_ms     the sale window has closed
 --
--- A winner's record, "claim_id|quantity|created_ms|remaining|seq|len(user)|user idem" (the
--- user id length-prefixed, the Idempotency-Key the rest), is built once and used twice: as its
--- idempotency record and as its journal entry (field c). `seq` is the state's sequence after
--- this winner: every change of the state bumps it, and the writer commits its high-water mark
--- to PostgreSQL, so a state that comes back behind that mark is known to be stale. A held
--- winner's record is prefixed "h|expires_ms|". The claim record, read back by resolve_claim.lua
--- and by GET /v1/claims/{id} before the writer has the claim, is
--- "remaining|quantity|len(user)|user".
+-- Per call, not per winner, when anyone won:
+-- - one journal entry: XADD journal * k <call id> t <now> q <seq before> r <stock before>
+--   [x <expires_ms>] c <piece idem> c <piece idem> ... (the winners in claim order; the writer
+--   derives each winner's claim id, its stock left (r less the quantities up to it) and its
+--   sequence (q plus its place among the winners): every change of the state bumps `seq`, and
+--   the writer commits its high-water mark to PostgreSQL, so a state that comes back behind
+--   that mark is known to be stale);
+-- - one call record, the field <call id> of KEYS[4]: "<stock before>|" and the winners'
+--   pieces, read back by resolve_claim.lua and by GET /v1/claims/{id} before the writer has
+--   the claim. A claim of the call that is not in it did not win and moved nothing.
+-- Per keyed winner, its idempotency record "claim_id|quantity|created_ms|remaining|seq|
+-- len(user)|user idem" (src/record.rs; a held winner's is prefixed "h|expires_ms|"); per held
+-- winner, its hold record and expiry.
 --
 -- The sale window (opens_ms, closes_ms) and the holds' expiry are decided on Redis's clock
 -- (TIME), one clock for every gateway.
 --
 -- Invariant: stock never goes below 0 and a user's count never passes `limit`; every unit that
 -- leaves stock is, in the same step, journaled (XADD) and counted in `inflight`, so a crash of
--- the gateway after this call loses no winner; a state older than what PostgreSQL recorded
--- never sells.
-local state, users, journal = KEYS[1], KEYS[2], KEYS[3]
+-- the gateway after this call loses no winner; a call id decides at most once, and never
+-- after a resolver fenced it; a state older than what PostgreSQL recorded never sells.
+local state, users, journal, records = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local call = ARGV[5]
+-- First: a resend of a call that ran must not run again, whatever became of the state since.
+if redis.call('HEXISTS', records, call) == 1 then
+  return {'fenced'}
+end
 local head = redis.call('HMGET', state, 'stock', 'limit', 'seq', 'stale', 'hold_ms', 'opens_ms',
-  'closes_ms')
+  'closes_ms', 'inflight')
 if not head[1] then
   return {'lost'}
 end
@@ -66,12 +81,9 @@ if seq < tonumber(ARGV[4]) then
   redis.call('HSET', state, 'stale', 'behind:' .. seq .. '<' .. ARGV[4])
   return {'stale'}
 end
-local now, ttl, records_ttl, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
+local now, ttl, records_ttl, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[6])
 local stock, limit = tonumber(head[1]), tonumber(head[2])
-local start_stock = stock
--- Counts of the users seen in this call: read once, written once at the end.
-local held, changed = {}, {}
-local records, holds, expiry = KEYS[4], KEYS[5], KEYS[6]
+local holds, expiry = KEYS[5], KEYS[6]
 local next_idem = 7
 local hold_ms = tonumber(head[5] or '0')
 local window, window_at, expires = 0, 0, 0
@@ -87,9 +99,29 @@ if hold_ms > 0 or head[6] or head[7] then
     expires = rnow + hold_ms
   end
 end
+-- The counts of every user of the call, in one read; written once at the end.
+local held, changed = {}, {}
+if window == 0 then
+  local names = {}
+  for i = 0, n - 1 do
+    names[i + 1] = ARGV[7 + 4 * i]
+  end
+  local counts = redis.call('HMGET', users, unpack(names))
+  for i = 1, n do
+    held[names[i]] = tonumber(counts[i] or '0')
+  end
+end
 local out = {expires}
+local entry = {'k', call, 't', now, 'q', seq, 'r', stock}
+if expires > 0 then
+  entry[#entry + 1] = 'x'
+  entry[#entry + 1] = expires
+end
+-- %d: a stock of 10^14 or more would otherwise be written as 1e+14.
+local pieces, hold_recs, hold_exp = {string.format('%d', stock) .. '|'}, {}, {}
+local id_head, id_byte, id_tail
 for i = 0, n - 1 do
-  local id, user = ARGV[6 + 4 * i], ARGV[7 + 4 * i]
+  local user = ARGV[7 + 4 * i]
   local qty, idem = tonumber(ARGV[8 + 4 * i]), ARGV[9 + 4 * i]
   local idem_key, prior = nil, false
   if idem ~= '' then
@@ -111,10 +143,6 @@ for i = 0, n - 1 do
     out[#out + 1] = window_at
   else
     local h = held[user]
-    if h == nil then
-      h = tonumber(redis.call('HGET', users, user) or '0')
-      held[user] = h
-    end
     if h + qty > limit then
       out[#out + 1] = 4
       out[#out + 1] = h
@@ -122,43 +150,57 @@ for i = 0, n - 1 do
       out[#out + 1] = 3
       out[#out + 1] = stock
     else
-      -- NX: a resolver that gave up on this id has fenced it ("void"); it must not win now.
-      local claim_rec = (stock - qty) .. '|' .. qty .. '|' .. #user .. '|' .. user
-      if redis.call('HSETNX', records, id, claim_rec) == 0 then
-        out[#out + 1] = 6
-        out[#out + 1] = 0
-      else
-        stock = stock - qty
-        seq = seq + 1
-        local record = id .. '|' .. qty .. '|' .. now .. '|' .. stock .. '|' .. seq .. '|'
-          .. #user .. '|' .. user .. idem
-        if expires > 0 then
-          record = 'h|' .. expires .. '|' .. record
-          redis.call('HSET', holds, id,
-            'held|' .. qty .. '|' .. expires .. '|0|' .. #user .. '|' .. user)
-          redis.call('ZADD', expiry, expires, id)
+      local piece = ARGV[10 + 4 * i]
+      stock = stock - qty
+      seq = seq + 1
+      if idem_key or expires > 0 then
+        -- Only a keyed or held winner needs its claim id spelled out here.
+        if not id_head then
+          id_head, id_byte, id_tail = string.sub(call, 1, 26),
+            tonumber(string.sub(call, 27, 28), 16), string.sub(call, 29)
         end
-        held[user] = h + qty
-        changed[user] = true
+        local id = id_head .. string.format('%02x', id_byte + i) .. id_tail
         if idem_key then
+          local record = id .. '|' .. qty .. '|' .. now .. '|' .. string.format('%d', stock)
+            .. '|' .. seq .. '|' .. #user .. '|' .. user .. idem
+          if expires > 0 then
+            record = 'h|' .. expires .. '|' .. record
+          end
           redis.call('SET', idem_key, record, 'EX', ttl)
         end
-        redis.call('XADD', journal, '*', 'c', record)
-        out[#out + 1] = 1
-        out[#out + 1] = stock
+        if expires > 0 then
+          hold_recs[#hold_recs + 1] = id
+          hold_recs[#hold_recs + 1] = 'held|' .. qty .. '|' .. expires .. '|0|' .. #user .. '|'
+            .. user
+          hold_exp[#hold_exp + 1] = expires
+          hold_exp[#hold_exp + 1] = id
+        end
       end
+      held[user] = h + qty
+      changed[user] = true
+      entry[#entry + 1] = 'c'
+      entry[#entry + 1] = piece .. idem
+      pieces[#pieces + 1] = piece
+      out[#out + 1] = 1
+      out[#out + 1] = stock
     end
   end
 end
-if stock ~= start_stock then
-  redis.call('HSET', state, 'stock', stock, 'seq', seq)
-  redis.call('HINCRBY', state, 'inflight', start_stock - stock)
+if #pieces > 1 then
+  redis.call('HSET', state, 'stock', stock, 'seq', seq,
+    'inflight', tonumber(head[8] or '0') + entry[8] - stock)
   local counts = {}
   for user in pairs(changed) do
     counts[#counts + 1] = user
     counts[#counts + 1] = held[user]
   end
   redis.call('HSET', users, unpack(counts))
+  redis.call('XADD', journal, '*', unpack(entry))
+  redis.call('HSET', records, call, table.concat(pieces))
   redis.call('EXPIRE', records, records_ttl)
+  if #hold_recs > 0 then
+    redis.call('HSET', holds, unpack(hold_recs))
+    redis.call('ZADD', expiry, unpack(hold_exp))
+  end
 end
 return out

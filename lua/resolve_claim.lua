@@ -1,30 +1,61 @@
 -- resolve_claim.lua: settle claims whose claim.lua call got no answer, by reading.
 --
--- KEYS[1]  the claim records hash of the claim ids' bucket <prefix>:{<sku>}:claims:<bucket>
+-- KEYS[1]  the call records hash of the claims' bucket <prefix>:{<sku>}:claims:<bucket>
 -- ARGV[1]  TTL in seconds of the records hash
--- ARGV[2..] the claim ids (all in that bucket)
+-- ARGV[2+2k], ARGV[3+2k]: per claim, its call id and its index in that call (src/ids.rs);
+--          all calls in that bucket
 --
--- Returns one integer per claim id, in order: the remaining stock right after the claim won
--- (>= 0), or -1 when it did not win. In the second case the field is set to "void" first, so
--- a claim.lua call for the same id still queued somewhere (a stalled Redis, a connection's
--- unread buffer) can no longer win: its HSETNX fails.
+-- Returns one integer per claim, in order: the remaining stock right after the claim won
+-- (>= 0), or -1 when it did not win. A call without a record did not run: its field is set
+-- to "void" first, so the call, still queued somewhere (a stalled Redis, a connection's
+-- unread buffer), can no longer run (claim.lua refuses a call id that has a record). A call
+-- that ran has its winners in its record ("<stock before>|" then "index|quantity|len(user)|
+-- user" per winner, in claim order: claim.lua); its other claims did not win and moved
+-- nothing.
 --
 -- Invariant: an uncertain outcome gets exactly one answer. Nothing is decremented here; the
 -- only write is the fence, which makes "not won" final instead of "not won yet".
 local records = KEYS[1]
-local out = {}
-local fenced = false
-for i = 2, #ARGV do
-  local record = redis.call('HGET', records, ARGV[i])
-  if record and record ~= 'void' then
-    -- "remaining|quantity|len(user)|user" (claim.lua)
-    out[#out + 1] = tonumber(string.match(record, '^(-?%d+)'))
-  else
-    if not record then
-      redis.call('HSET', records, ARGV[i], 'void')
-      fenced = true
+
+-- The stock left right after claim `index` won, from its call's record, or -1.
+local function remaining(record, index)
+  local stock, pos = string.match(record, '^(-?%d+)|()')
+  if not stock then
+    return -1
+  end
+  stock = tonumber(stock)
+  while pos <= #record do
+    local i, qty, len, after = string.match(record, '^(%d+)|(%d+)|(%d+)|()', pos)
+    if not i then
+      return -1
     end
+    stock = stock - tonumber(qty)
+    if tonumber(i) == index then
+      return stock
+    end
+    pos = after + tonumber(len)
+  end
+  return -1
+end
+
+local out, seen = {}, {}
+local fenced = false
+for k = 2, #ARGV, 2 do
+  local call = ARGV[k]
+  local record = seen[call]
+  if record == nil then
+    record = redis.call('HGET', records, call)
+    if not record then
+      redis.call('HSET', records, call, 'void')
+      fenced = true
+      record = 'void'
+    end
+    seen[call] = record
+  end
+  if record == 'void' then
     out[#out + 1] = -1
+  else
+    out[#out + 1] = remaining(record, tonumber(ARGV[k + 1]))
   end
 end
 if fenced then

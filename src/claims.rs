@@ -1,14 +1,21 @@
-//! The claim decision: mint an id, ask Redis once, resolve an uncertain answer by reading.
+//! The claim decision: ask Redis once per call, resolve an uncertain answer by reading.
 //!
 //! Claims for one SKU that arrive while a call for that SKU is in flight are coalesced: they
 //! queue on the SKU's lane and the next call decides all of them, in arrival order, with the
 //! same script and the same per-claim semantics as a call of one. An idle SKU pays no waiting
 //! window: the first claim starts a call at once.
+//!
+//! Ids are minted when a call is formed, not when a claim arrives: the call gets a fresh id
+//! and its claims are that id with their index ([`crate::ids::claim_in`]), so Redis fences,
+//! records and journals the call once, not each claim. A claim learns its id with its answer;
+//! a shed claim never gets one.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Instant;
 
 use dashmap::DashMap;
+use futures_util::FutureExt;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 use uuid::Uuid;
@@ -16,7 +23,8 @@ use uuid::Uuid;
 use crate::activity;
 use crate::error::StoreError;
 use crate::freshness::Marks;
-use crate::keys::{bucket_of, SkuKeys};
+use crate::ids;
+use crate::keys::SkuKeys;
 use crate::metrics as m;
 use crate::scripts::{self, ClaimInput, Decision};
 use crate::settle::Settler;
@@ -24,8 +32,9 @@ use crate::soldout::SoldOut;
 use crate::store::Store;
 use crate::writer::WriterSignal;
 
-/// Most claims decided by one script call; bounds the script's run time inside Redis.
-pub const MAX_BATCH: usize = 128;
+/// Most claims decided by one script call; bounds the script's run time inside Redis (and is
+/// what a call id's index can number).
+pub const MAX_BATCH: usize = ids::CALL_CLAIMS;
 /// Reads of a claim's record after its call got no answer, before its outcome is reported
 /// unknown (503 `outcome_unknown`, then settled in the background); with the call itself this
 /// bounds a claim at three Redis timeouts (750 ms by default).
@@ -58,7 +67,10 @@ pub struct WonClaim {
     pub expires_ms: Option<i64>,
 }
 
-type Reply = oneshot::Sender<Result<Decision, StoreError>>;
+/// What a claim is told: its id (from its call) and its decision. An outcome that stayed
+/// unknown is [`StoreError::OutcomeUnknown`] with the id.
+type Answer = Result<(Uuid, Decision), StoreError>;
+type Reply = oneshot::Sender<Answer>;
 
 /// Claims waiting for the next call on one SKU.
 #[derive(Default)]
@@ -142,23 +154,30 @@ impl ClaimService {
         // of units coming back arrived in between.
         let ticket = self.sold_out.ticket();
         let input = ClaimInput {
-            claim_id: crate::ids::mint(tag),
             user: user.to_string(),
             quantity,
             idempotency_key,
         };
-        let claim_id = input.claim_id;
         let decided = if self.coalesce {
-            self.decide_coalesced(sku, input).await
+            self.decide_coalesced(sku, tag, input).await
         } else {
             let keys = self.store.keys(sku);
             let floor = self.marks.floor(sku);
-            let mut d =
-                decide_batch(&self.store, sku, &keys, std::slice::from_ref(&input), floor).await;
+            let call = ids::mint_call(tag);
+            let mut d = decide_batch(
+                &self.store,
+                sku,
+                &keys,
+                &call,
+                std::slice::from_ref(&input),
+                floor,
+            )
+            .await;
             d.pop()
                 .unwrap_or_else(|| Err(StoreError::Protocol("empty claim reply".into())))
+                .map(|d| (ids::claim_in(&call, 0), d))
         };
-        let decision = match decided {
+        let (claim_id, decision) = match decided {
             Ok(d) => d,
             Err(StoreError::OutcomeUnknown(id)) => {
                 self.settler.hand_over(sku, id, user, quantity);
@@ -205,8 +224,7 @@ impl ClaimService {
             Decision::LimitReached { .. } => Outcome::LimitReached,
             Decision::KeyReused => Outcome::KeyReused,
             Decision::Shed => Outcome::Shed,
-            // Our own fresh id was fenced: only a resolver of this same id fences it, so this
-            // is a broken invariant, answered as "Redis could not decide".
+            // decide_batch reads every fenced claim back: none is answered fenced.
             Decision::Fenced => {
                 return Err(StoreError::Protocol("fresh claim id was fenced".into()))
             }
@@ -215,17 +233,16 @@ impl ClaimService {
         Ok(outcome)
     }
 
-    async fn decide_coalesced(&self, sku: &str, input: ClaimInput) -> Result<Decision, StoreError> {
+    async fn decide_coalesced(&self, sku: &str, tag: i32, input: ClaimInput) -> Answer {
         let lane = match self.lanes.get(sku) {
             Some(l) => l.clone(),
             None => self.lanes.entry(sku.to_string()).or_default().clone(),
         };
-        let claim_id = input.claim_id;
         let (tx, rx) = oneshot::channel();
         let start_call = {
             let mut l = lane.lock();
             if l.queue.len() >= self.max_queue {
-                return Ok(Decision::Shed);
+                return Ok((Uuid::nil(), Decision::Shed));
             }
             l.queue.push((input, tx));
             !std::mem::replace(&mut l.busy, true)
@@ -233,24 +250,26 @@ impl ClaimService {
         if start_call {
             let store = self.store.clone();
             let sku = sku.to_string();
-            tokio::spawn(drain_lane(store, sku, lane, self.marks.clone()));
+            tokio::spawn(drain_lane(store, sku, tag, lane, self.marks.clone()));
         }
-        match rx.await {
-            Ok(r) => r,
-            // The draining task died (panicked) with the claim perhaps sent: read it back.
-            Err(_) => {
-                let keys = self.store.keys(sku);
-                resolve(&self.store, &keys, &[claim_id])
-                    .await
-                    .pop()
-                    .unwrap_or(Err(StoreError::OutcomeUnknown(claim_id)))
-            }
-        }
+        // A call that panicked is read back by drain_lane itself (it alone knows the ids), so
+        // a lost sender means the task died before this claim's call was formed or sent.
+        rx.await.unwrap_or_else(|_| {
+            Err(StoreError::Unavailable(
+                "the claim's call was never sent".into(),
+            ))
+        })
     }
 }
 
 /// Calls Redis for the queued claims of one SKU until the queue is empty.
-async fn drain_lane(store: Store, sku: String, lane: Arc<Mutex<Lane>>, marks: Arc<Marks>) {
+async fn drain_lane(
+    store: Store,
+    sku: String,
+    tag: i32,
+    lane: Arc<Mutex<Lane>>,
+    marks: Arc<Marks>,
+) {
     let keys = store.keys(&sku);
     loop {
         let batch: Vec<(ClaimInput, Reply)> = {
@@ -259,66 +278,79 @@ async fn drain_lane(store: Store, sku: String, lane: Arc<Mutex<Lane>>, marks: Ar
                 l.busy = false;
                 return;
             }
-            // One call holds claims of one records bucket (claim.lua's KEYS[4]); a batch
-            // that straddles the 10-minute boundary leaves the later ids for the next call.
-            let bucket = bucket_of(&l.queue[0].0.claim_id);
-            let take = l
-                .queue
-                .iter()
-                .take(MAX_BATCH)
-                .take_while(|(c, _)| bucket_of(&c.claim_id) == bucket)
-                .count();
+            let take = l.queue.len().min(MAX_BATCH);
             l.queue.drain(..take).collect()
         };
         let (inputs, replies): (Vec<ClaimInput>, Vec<Reply>) = batch.into_iter().unzip();
         m::coalesced_batch(inputs.len());
-        let decisions = decide_batch(&store, &sku, &keys, &inputs, marks.floor(&sku)).await;
-        for (reply, d) in replies.into_iter().zip(decisions) {
-            let _ = reply.send(d);
+        let call = ids::mint_call(tag);
+        let decided = AssertUnwindSafe(decide_batch(
+            &store,
+            &sku,
+            &keys,
+            &call,
+            &inputs,
+            marks.floor(&sku),
+        ))
+        .catch_unwind()
+        .await;
+        let decisions = match decided {
+            Ok(d) => d,
+            // A panic with the call perhaps sent: read its claims back, never send it again.
+            Err(_) => {
+                let ids: Vec<Uuid> = (0..inputs.len()).map(|i| ids::claim_in(&call, i)).collect();
+                resolve(&store, &keys, &ids).await
+            }
+        };
+        for (i, (reply, d)) in replies.into_iter().zip(decisions).enumerate() {
+            let _ = reply.send(d.map(|d| (ids::claim_in(&call, i), d)));
         }
     }
 }
 
-/// Decides `inputs` in one script call; when the call gets no answer, reads each claim's
-/// outcome back instead of sending it again. One result per input, in order. The call goes
-/// with the SKU's activity mark, so some writer reads what it journals (see [`activity`]).
+/// Decides `inputs` in one script call, the call `call`; when the call gets no answer, reads
+/// each claim's outcome back instead of sending it again. One result per input, in order. The
+/// call goes with the SKU's activity mark, so some writer reads what it journals (see
+/// [`activity`]).
 async fn decide_batch(
     store: &Store,
     sku: &str,
     keys: &SkuKeys,
+    call: &Uuid,
     inputs: &[ClaimInput],
     floor: i64,
 ) -> Vec<Result<Decision, StoreError>> {
     let mut con = store.hot();
     let started = Instant::now();
-    let call = store.bounded(scripts::claim(&mut con, keys, inputs, now_ms(), floor));
-    let result = activity::with_mark(store, sku, call).await;
+    let sent = store.bounded(scripts::claim(
+        &mut con,
+        keys,
+        call,
+        inputs,
+        now_ms(),
+        floor,
+    ));
+    let result = activity::with_mark(store, sku, sent).await;
     m::redis_call("claim", started.elapsed());
+    let ids = || -> Vec<Uuid> { (0..inputs.len()).map(|i| ids::claim_in(call, i)).collect() };
     match result {
+        // The call had a record already: it is this very call run twice (a cluster connection
+        // resends after a connection error), and the first run decided; or a resolver fenced
+        // it, and it decided nothing. Either way its record tells each claim's outcome.
+        Ok(decisions) if decisions.iter().any(|d| matches!(d, Decision::Fenced)) => {
+            let answers = resolve(store, keys, &ids()).await;
+            replicated_or_unknown(store, keys, call, answers).await
+        }
         Ok(decisions) if decisions.len() == inputs.len() => {
-            let mut out: Vec<Result<Decision, StoreError>> =
-                decisions.into_iter().map(Ok).collect();
-            // A fresh id comes back fenced only when this very call ran twice (a cluster
-            // connection resends after a connection error) and the first run decided it:
-            // read what the first run decided.
-            let fenced: Vec<usize> = (0..out.len())
-                .filter(|&i| matches!(out[i], Ok(Decision::Fenced)))
-                .collect();
-            if !fenced.is_empty() {
-                let ids: Vec<Uuid> = fenced.iter().map(|&i| inputs[i].claim_id).collect();
-                for (i, answer) in fenced.into_iter().zip(resolve(store, keys, &ids).await) {
-                    out[i] = answer;
-                }
-            }
-            replicated_or_unknown(store, keys, inputs, out).await
+            let out = decisions.into_iter().map(Ok).collect();
+            replicated_or_unknown(store, keys, call, out).await
         }
         Ok(_) => each(inputs.len(), || {
             StoreError::Protocol("claim reply of the wrong length".into())
         }),
         Err(e) if e.is_uncertain() => {
-            let ids: Vec<Uuid> = inputs.iter().map(|c| c.claim_id).collect();
-            let answers = resolve(store, keys, &ids).await;
-            replicated_or_unknown(store, keys, inputs, answers).await
+            let answers = resolve(store, keys, &ids()).await;
+            replicated_or_unknown(store, keys, call, answers).await
         }
         Err(e) => each(inputs.len(), || definite(&e)),
     }
@@ -330,7 +362,7 @@ async fn decide_batch(
 async fn replicated_or_unknown(
     store: &Store,
     keys: &SkuKeys,
-    inputs: &[ClaimInput],
+    call: &Uuid,
     out: Vec<Result<Decision, StoreError>>,
 ) -> Vec<Result<Decision, StoreError>> {
     if !out.iter().any(|d| matches!(d, Ok(Decision::Won { .. }))) {
@@ -341,16 +373,16 @@ async fn replicated_or_unknown(
     }
     m::wait_short();
     out.into_iter()
-        .zip(inputs)
-        .map(|(d, c)| match d {
-            Ok(Decision::Won { .. }) => Err(StoreError::OutcomeUnknown(c.claim_id)),
+        .enumerate()
+        .map(|(i, d)| match d {
+            Ok(Decision::Won { .. }) => Err(StoreError::OutcomeUnknown(ids::claim_in(call, i))),
             other => other,
         })
         .collect()
 }
 
-/// Settles claims whose call got no answer, by reading their records (and fencing those that
-/// did not win), never by sending them again. The read is retried a few times: every answer
+/// Settles claims whose call got no answer, by reading their call's record (and fencing a
+/// call that did not run), never by sending them again. The read is retried a few times: every answer
 /// that settles a claim saves an `outcome_unknown`.
 async fn resolve(store: &Store, keys: &SkuKeys, ids: &[Uuid]) -> Vec<Result<Decision, StoreError>> {
     m::uncertain_outcome();

@@ -86,7 +86,7 @@ pub const DEFAULT_TAIL_NATS_URL: &str = "nats://127.0.0.1:4222";
 pub const REPROCESS_BACKOFF_CAP: Duration = Duration::from_secs(60);
 /// Idempotency records live at least this long (API.md: at least 24 h).
 pub const RECORD_TTL_SECS: u64 = 26 * 3600;
-/// Claim records (and fences) only settle outcomes a Redis call left unknown, seconds after
+/// Call records (and fences) only settle outcomes a Redis call left unknown, seconds after
 /// the call; an hour outlives any call still queued on a connection by far.
 pub const CLAIM_RECORD_TTL_SECS: u64 = 3600;
 /// Request bodies larger than this are refused with 413.

@@ -1,10 +1,10 @@
 //! Redis key names. Every key of a SKU carries the SKU's hash tag, `{<sku>}`, so all of a
 //! SKU's keys live in one Cluster slot and one script may touch them together.
 
-/// Width of a claim-records bucket.
+/// Width of a call-records bucket.
 const CLAIM_BUCKET_MS: u64 = 10 * 60 * 1000;
 
-/// The claim-records bucket of a claim id: the 10-minute slot of its UUIDv7 timestamp.
+/// The call-records bucket of a claim or call id: the 10-minute slot of its UUIDv7 timestamp.
 pub fn bucket_of(claim_id: &uuid::Uuid) -> u64 {
     let ms = claim_id.get_timestamp().map_or(0, |t| {
         let (secs, nanos) = t.to_unix();
@@ -66,15 +66,16 @@ impl SkuKeys {
         format!("{}journal", self.head)
     }
 
-    /// The hash holding the outcome record of `claim_id` (field = the claim id), read back
-    /// when a call's outcome is uncertain. Records are grouped by the 10-minute bucket of the
-    /// UUIDv7's timestamp: one field per claim is far cheaper in Redis than one key with its
-    /// own expiry, and the bucket's key expires as a whole.
+    /// The hash holding the record of the call that decided `claim_id` (or of the call
+    /// `claim_id` itself; field = the call id, see [`crate::ids::call_of`]), read back when a
+    /// call's outcome is uncertain. Records are grouped by the 10-minute bucket of the UUIDv7's
+    /// timestamp (a call's claims share its timestamp): one field per call is far cheaper in
+    /// Redis than one key with its own expiry, and the bucket's key expires as a whole.
     pub fn claim(&self, claim_id: &uuid::Uuid) -> String {
         self.claims_bucket(bucket_of(claim_id))
     }
 
-    /// The claim-records hash of one bucket (see [`bucket_of`]).
+    /// The call-records hash of one bucket (see [`bucket_of`]).
     pub fn claims_bucket(&self, bucket: u64) -> String {
         format!("{}claims:{}", self.head, bucket)
     }

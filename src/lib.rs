@@ -7,13 +7,13 @@
 //!   connections, header and body bounds), and the one place errors become problem+json.
 //! - [`auth`]: admission tokens (JWT HS256) and the admin token.
 //! - [`catalog`]: SKUs in PostgreSQL, cached in process (unknown SKU = 404, no Redis trip).
-//! - [`claims`]: the decision: mint a claim id, coalesce same-SKU claims, one Lua call,
-//!   resolve a call that got no answer by reading.
+//! - [`claims`]: the decision: coalesce same-SKU claims into calls, mint each call's id (its
+//!   claims' ids derive from it), one Lua call, resolve a call that got no answer by reading.
 //! - [`lifecycle`]: holds (confirm, cancel: `lifecycle/holds.rs`), the waitlist
 //!   (`lifecycle/waitlist.rs`), the expiry worker (`lifecycle/expiry.rs`) and restore's part of
 //!   them (`lifecycle/restore.rs`); each decision one script call on Redis's clock, journaled
 //!   like a win. [`ids`]: claim and entry ids carry their SKU's tag, so a claim is found by id
-//!   alone before the writer has it.
+//!   alone before the writer has it; a claim's id is its call's id and its index in the call.
 //! - [`soldout`]: the sold-out fast path: SKUs Redis said have no stock, refused from
 //!   memory until a script publishes that units came back (at most 100 ms stale).
 //! - [`settle`]: keeps reading back the claims whose outcome stayed unknown (503
@@ -21,7 +21,7 @@
 //! - [`freshness`]: the state sequence and the ledger's high-water mark: a Redis that came back
 //!   with older data is detected per SKU and closed until restore.
 //! - [`scripts`] and `lua/`: the Lua scripts and their typed wrappers; [`keys`] names the keys;
-//!   [`record`] is a winner's record (idempotency record and journal entry).
+//!   [`record`] is a winner's record in full (idempotency record, an entry of one winner).
 //! - [`store`]: Redis connections, on a single Redis (multiplexed hot path, bb8 pool for
 //!   background readers) or a Redis Cluster (cluster connections); [`replicas`]: how many
 //!   replicas a decision waits for (`WAIT`) before it is answered, per master.
@@ -57,14 +57,18 @@
 //!
 //! `POST /v1/skus/{sku}/claims` → [`http`] checks the token, the body and the SKU (catalog
 //! cache) → [`claims::ClaimService::claim`] refuses a SKU known sold out from memory
-//! ([`soldout`]), or mints a UUIDv7 and queues on the SKU's lane → one `claim.lua` call
-//! decides the lane's queued claims: idempotency record, per-user count, stock, decrement, and a journal entry, atomically, unless the state is behind the ledger's
-//! mark (stale: 503) (a call that gets no answer is settled by `resolve_claim.lua`, reading;
-//! when even that gets no answer, 503 `outcome_unknown` and the [`settle`] task goes on) →
-//! 201/409/422 → the [`writer`] reads the journal, inserts
-//! into `issuances` (and, in the same statement, its `claim.won` into `outbox`), then
-//! acknowledges the entry; a row PostgreSQL refuses is parked for the [`reprocess`] loop → the
-//! [`outbox`] relay publishes the event to JetStream. On a SKU with holds the winner is `held`
+//! ([`soldout`]), or queues on the SKU's lane → the lane forms a call of up to 128 queued
+//! claims and mints its id ([`ids::mint_call`]; claim i's id is [`ids::claim_in`]) → one
+//! `claim.lua` call decides them: the call's fence, idempotency records, per-user counts, stock,
+//! decrement, one record of the call's winners and one journal entry carrying them all,
+//! atomically, unless the state is behind the ledger's mark (stale: 503) (a call that gets no
+//! answer is settled by `resolve_claim.lua`, reading the call's record or fencing the call;
+//! when even that gets no answer, 503 `outcome_unknown` with the claim id and the [`settle`]
+//! task goes on) → 201/409/422, the claim id learned from the lane → the [`writer`] reads the
+//! journal, turns each entry into its winners, inserts them into `issuances` (and, in the same
+//! statement, their `claim.won` into `outbox`), then acknowledges the entry once; a row
+//! PostgreSQL refuses is parked for the [`reprocess`] loop → the [`outbox`] relay publishes the
+//! event to JetStream. On a SKU with holds the winner is `held`
 //! until `POST /v1/claims/{id}/confirm` or `/cancel` ([`lifecycle`]) or the expiry worker ends
 //! it; the change is journaled by its script and written by the same writer, and units that come
 //! back go to the waitlist's head as offers before open stock.

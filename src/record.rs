@@ -1,5 +1,8 @@
-//! A winner's record, as `claim.lua` writes it once and uses twice (the idempotency record and
-//! the journal entry): `claim_id|quantity|created_ms|remaining|seq|len(user)|user idem`.
+//! A winner's record in full, `claim_id|quantity|created_ms|remaining|seq|len(user)|user idem`:
+//! the idempotency record `claim.lua` writes for a keyed winner (a replay answers from it), and
+//! the field `c` of a journal entry of one winner (a waitlist offer, or an entry of an earlier
+//! `claim.lua`; a call's entry shares what its winners have in common instead, see
+//! `writer/call_entry.rs`).
 //!
 //! The user id is length-prefixed and the Idempotency-Key is the rest, so either may hold `|`.
 //! A held winner's record is prefixed `h|expires_ms|`.

@@ -317,7 +317,7 @@ async fn wait_for_empty_journal(store: &Store, keys: &SkuKeys) -> Result<(), Sto
                 "restore gave up waiting for the writer; the SKU stays closed"
             );
             return Err(StoreError::Unavailable(format!(
-                "{len} winners not yet written"
+                "{len} journal entries not yet written"
             )));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use crate::config::{CLAIM_RECORD_TTL_SECS, RECORD_TTL_SECS};
 use crate::error::StoreError;
-use crate::keys::{bucket_of, SkuKeys};
+use crate::keys::SkuKeys;
 use crate::record::ClaimRecord;
 
 /// The script registry; the SHA1 of each is computed once.
@@ -85,10 +85,10 @@ pub async fn load_all<C: ConnectionLike>(con: &mut C) -> Result<(), StoreError> 
     Ok(())
 }
 
-/// One claim to decide, with the id the gateway minted before the call.
+/// One claim to decide. Its id is its call's (see [`crate::ids::claim_in`]): minted when the
+/// call is formed, before it is sent.
 #[derive(Debug, Clone)]
 pub struct ClaimInput {
-    pub claim_id: Uuid,
     pub user: String,
     pub quantity: u32,
     pub idempotency_key: Option<String>,
@@ -121,15 +121,17 @@ pub enum Decision {
         held: i64,
     },
     KeyReused,
-    /// The claim id was fenced by a resolver after an earlier timeout; it did not win.
+    /// The call had a record already: a resolver fenced it after an earlier timeout (it
+    /// decided nothing), or it is a resend of a call that ran (read its outcome back).
     Fenced,
     /// Never sent to Redis: the gateway shed it (its SKU's queue was full).
     Shed,
 }
 
-/// Decides `claims` (all on the SKU of `keys`, all ids in one records bucket: see
-/// [`crate::keys::bucket_of`]) in order, in one script call. `floor` is the highest state
-/// sequence this gateway knows PostgreSQL recorded: a state behind it is stale.
+/// Decides `claims` (all on the SKU of `keys`) in order, in one script call: the call
+/// `call_id` (see [`crate::ids::mint_call`]; claim i is [`crate::ids::claim_in`]`(call_id, i)`).
+/// `floor` is the highest state sequence this gateway knows PostgreSQL recorded: a state
+/// behind it is stale.
 ///
 /// # Errors
 /// [`StoreError::SkuLost`] when Redis holds no state for the SKU, [`StoreError::Stale`] when
@@ -138,6 +140,7 @@ pub enum Decision {
 pub async fn claim<C: ConnectionLike>(
     con: &mut C,
     keys: &SkuKeys,
+    call_id: &Uuid,
     claims: &[ClaimInput],
     now_ms: i64,
     floor: i64,
@@ -145,52 +148,55 @@ pub async fn claim<C: ConnectionLike>(
     if claims.is_empty() {
         return Ok(Vec::new());
     }
-    let reply: Value = claim_invocation(keys, claims, now_ms, floor)?
+    let reply: Value = claim_invocation(keys, call_id, claims, now_ms, floor)?
         .invoke_async(con)
         .await?;
     parse_claim_reply(reply, claims.len())
 }
 
-/// The `claim.lua` call deciding `claims` (at least one), built but not sent: its keys and
-/// arguments in the script's order (`benches/instructions.rs` counts what this costs).
+/// The `claim.lua` call `call_id` deciding `claims` (1 to [`crate::ids::CALL_CLAIMS`]), built
+/// but not sent: its keys and arguments in the script's order, four per claim
+/// (`benches/instructions.rs` counts what this costs).
 ///
 /// # Errors
-/// [`StoreError::Protocol`] when `claims` is empty or spans two record buckets.
+/// [`StoreError::Protocol`] when `claims` is empty or more than one call holds.
 pub fn claim_invocation<'a>(
     keys: &SkuKeys,
+    call_id: &Uuid,
     claims: &[ClaimInput],
     now_ms: i64,
     floor: i64,
 ) -> Result<redis::ScriptInvocation<'a>, StoreError> {
-    let Some(first) = claims.first() else {
-        return Err(StoreError::Protocol("no claims to decide".into()));
-    };
-    let bucket = bucket_of(&first.claim_id);
-    if claims.iter().any(|c| bucket_of(&c.claim_id) != bucket) {
-        return Err(StoreError::Protocol(
-            "claims span two record buckets".into(),
-        ));
+    if claims.is_empty() || claims.len() > crate::ids::CALL_CLAIMS {
+        return Err(StoreError::Protocol(format!(
+            "a call decides 1 to {} claims, not {}",
+            crate::ids::CALL_CLAIMS,
+            claims.len()
+        )));
     }
     let mut inv = SCRIPTS.claim.prepare_invoke();
     inv.key(keys.state())
         .key(keys.users())
         .key(keys.journal())
-        .key(keys.claims_bucket(bucket))
+        .key(keys.claim(call_id))
         .key(keys.holds())
         .key(keys.expiry())
         .arg(now_ms)
         .arg(RECORD_TTL_SECS)
         .arg(CLAIM_RECORD_TTL_SECS)
         .arg(floor)
+        .arg(call_id.to_string())
         .arg(claims.len());
-    for c in claims {
+    for (i, c) in claims.iter().enumerate() {
         if let Some(k) = &c.idempotency_key {
             inv.key(keys.idempotency(&c.user, k));
         }
-        inv.arg(c.claim_id.to_string())
-            .arg(&c.user)
+        inv.arg(&c.user)
             .arg(c.quantity)
-            .arg(c.idempotency_key.as_deref().unwrap_or(""));
+            .arg(c.idempotency_key.as_deref().unwrap_or(""))
+            // The claim's piece of the call's journal entry and record, built here rather
+            // than in Redis (claim.lua).
+            .arg(format!("{i}|{}|{}|{}", c.quantity, c.user.len(), c.user));
     }
     Ok(inv)
 }
@@ -209,6 +215,7 @@ pub fn parse_claim_reply(reply: Value, n: usize) -> Result<Vec<Decision>, StoreE
         match b.as_slice() {
             b"lost" => return Err(StoreError::SkuLost),
             b"stale" => return Err(StoreError::Stale),
+            b"fenced" => return Ok(vec![Decision::Fenced; n]),
             _ => {}
         }
     }
@@ -263,16 +270,15 @@ fn parse_decision(
         },
         4 => Decision::LimitReached { held: int(value)? },
         5 => Decision::KeyReused,
-        6 => Decision::Fenced,
         7 => Decision::NotOpen,
         8 => Decision::Closed,
         _ => return Err(bad()),
     })
 }
 
-/// Reads whether each of `claim_ids` (all in one records bucket) won, fencing those that did
-/// not (see resolve_claim.lua). Returns, per id, the stock left right after it won, or `None`
-/// when it did not (and now cannot) win.
+/// Reads whether each of `claim_ids` (all in one records bucket) won, fencing the calls that
+/// did not run (see resolve_claim.lua). Returns, per id, the stock left right after it won,
+/// or `None` when it did not (and now cannot) win.
 ///
 /// # Errors
 /// The Redis error of the call; the outcomes then stay unknown.
@@ -287,7 +293,8 @@ pub async fn resolve_claims<C: ConnectionLike>(
     let mut inv = SCRIPTS.resolve_claim.prepare_invoke();
     inv.key(keys.claim(first)).arg(CLAIM_RECORD_TTL_SECS);
     for id in claim_ids {
-        inv.arg(id.to_string());
+        inv.arg(crate::ids::call_of(id).to_string())
+            .arg(crate::ids::index_of(id));
     }
     let raw: Vec<i64> = inv.invoke_async(con).await?;
     if raw.len() != claim_ids.len() {
@@ -499,6 +506,15 @@ mod tests {
             parse_claim_reply(reply, 1),
             Err(StoreError::SkuLost)
         ));
+    }
+
+    #[test]
+    fn a_fenced_call_decides_none_of_its_claims() {
+        let reply = Value::Array(vec![Value::BulkString(b"fenced".to_vec())]);
+        assert_eq!(
+            parse_claim_reply(reply, 3).unwrap(),
+            vec![Decision::Fenced; 3]
+        );
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //! back did not answer either (a Redis stalled longer than the call and both read-backs).
 //!
 //! The buyer was answered 503 `outcome_unknown` with the claim id. Such a claim may still win
-//! (its script may be queued in a stalled Redis), so the settler keeps reading it back with
-//! `resolve_claim.lua`, which fences the id when it has not won: from then on it never will.
+//! (its call may be queued in a stalled Redis), so the settler keeps reading it back with
+//! `resolve_claim.lua`, which reads its call's record, or fences the call when it has not run:
+//! from then on it never will.
 //! Until it knows, `GET /v1/claims/{id}` answers `outcome_unknown` again; then it tells.
 
 use std::collections::HashMap;
@@ -123,7 +124,8 @@ impl Settler {
     async fn round(&self) {
         self.claims
             .retain(|_, c| c.state == Settled::Pending || c.since.elapsed() < REMEMBER);
-        // One read-back per SKU and records bucket, for all of its pending ids.
+        // One read-back per SKU and records bucket, for all of its pending ids (a call's
+        // claims share its bucket, and the script reads each call once).
         let mut groups: HashMap<(String, u64), Vec<Uuid>> = HashMap::new();
         for e in self.claims.iter() {
             if e.state == Settled::Pending {

@@ -4,7 +4,7 @@
 
 use uuid::Uuid;
 
-use super::records::{parse_claim_record, Hold};
+use super::records::{claim_in_call_record, Hold};
 use super::{sku_of, LifecycleError};
 use crate::catalog::Catalog;
 use crate::error::StoreError;
@@ -75,7 +75,7 @@ pub async fn find_claim(
             Ok(redis::pipe()
                 .cmd("HGET")
                 .arg(keys.claim(&id))
-                .arg(id.to_string())
+                .arg(crate::ids::call_of(&id).to_string())
                 .cmd("HGET")
                 .arg(keys.holds())
                 .arg(id.to_string())
@@ -91,7 +91,10 @@ pub async fn find_claim(
     };
     let hold = hold.as_deref().and_then(Hold::parse);
     let created_at = crate::ids::created_at(&id);
-    let claim = match (hold, record.as_deref().and_then(parse_claim_record)) {
+    let won = record
+        .as_deref()
+        .and_then(|r| claim_in_call_record(r, crate::ids::index_of(&id)));
+    let claim = match (hold, won) {
         (Some(h), _) => ClaimRow {
             claim_id: id,
             sku: sku.sku.clone(),

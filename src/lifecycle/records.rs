@@ -1,5 +1,5 @@
 //! The Redis records of holds and waitlist entries, as `lua/lib/lifecycle.lua` packs them, and
-//! the claim record claim.lua keeps for read-backs.
+//! the call record claim.lua keeps for read-backs.
 
 /// "status|quantity|expires_ms|offer(0/1)|len(user)|user".
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,14 +56,26 @@ impl Entry {
     }
 }
 
-/// claim.lua's claim record, "remaining|quantity|len(user)|user" (`None` for a fence).
-pub fn parse_claim_record(raw: &str) -> Option<(i32, String)> {
-    let mut it = raw.splitn(4, '|');
-    let _remaining: i64 = it.next()?.parse().ok()?;
-    let quantity = it.next()?.parse().ok()?;
-    let len: usize = it.next()?.parse().ok()?;
-    let user = it.next()?;
-    (user.len() == len).then(|| (quantity, user.to_string()))
+/// Claim `index` of a call, as claim.lua's call record has it: (quantity, user), or `None`
+/// when the call's record does not hold it (the claim did not win, or the record is a
+/// resolver's "void" fence). The record is "<stock before>|" then the call's winners, each
+/// "index|quantity|len(user)|user", concatenated.
+pub fn claim_in_call_record(raw: &str, index: usize) -> Option<(i32, String)> {
+    let (stock, mut rest) = raw.split_once('|')?;
+    let _stock: i64 = stock.parse().ok()?;
+    while !rest.is_empty() {
+        let mut it = rest.splitn(4, '|');
+        let i: usize = it.next()?.parse().ok()?;
+        let quantity = it.next()?.parse().ok()?;
+        let len: usize = it.next()?.parse().ok()?;
+        let tail = it.next()?;
+        let user = tail.get(..len)?;
+        if i == index {
+            return Some((quantity, user.to_string()));
+        }
+        rest = tail.get(len..)?;
+    }
+    None
 }
 
 #[cfg(test)]
@@ -77,8 +89,11 @@ mod tests {
         assert_eq!(h.user, "a|b");
         let e = Entry::parse("waiting|4|1700|3|a|b").unwrap();
         assert_eq!((e.order, e.user.as_str()), (4, "a|b"));
-        assert_eq!(parse_claim_record("40|2|3|a|b"), Some((2, "a|b".into())));
-        assert_eq!(parse_claim_record("void"), None);
+        let call = "42|0|1|2|u|3|2|3|a|b";
+        assert_eq!(claim_in_call_record(call, 0), Some((1, "u|".into())));
+        assert_eq!(claim_in_call_record(call, 3), Some((2, "a|b".into())));
+        assert_eq!(claim_in_call_record(call, 1), None);
+        assert_eq!(claim_in_call_record("void", 0), None);
         assert!(Hold::parse("held|2|1700|0|9|u").is_none());
     }
 }

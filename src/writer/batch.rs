@@ -1,12 +1,13 @@
 //! What the writer carries from the journal to PostgreSQL: winners, and entries it cannot
-//! read.
+//! read. One journal entry holds the winners of one claim.lua call: each becomes a [`Winner`]
+//! that keeps the entry's id (acknowledged once, with all their units).
 
 use uuid::Uuid;
 
 /// One winner as the journal holds it.
 #[derive(Debug, Clone)]
 pub struct Winner {
-    /// Stream entry id, acknowledged after the commit.
+    /// Stream entry id, acknowledged after the commit (shared by the winners of one call).
     pub entry_id: String,
     pub claim_id: Uuid,
     pub sku: String,
@@ -80,8 +81,16 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// Winners, unreadable entries and other entries: what the batch settles.
     pub fn len(&self) -> usize {
         self.winners.len() + self.unreadable.len() + self.others.len()
+    }
+
+    /// Journal entries the batch settles (a call's winners share one).
+    pub fn entries(&self) -> usize {
+        let winners: std::collections::HashSet<&str> =
+            self.winners.iter().map(|w| w.entry_id.as_str()).collect();
+        winners.len() + self.unreadable.len() + self.others.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -98,8 +107,10 @@ impl Batch {
 
     /// The same entry may come from two reads of one pass; settle it once.
     pub(super) fn dedup(&mut self) {
-        self.winners.sort_by(|a, b| a.entry_id.cmp(&b.entry_id));
-        self.winners.dedup_by(|a, b| a.entry_id == b.entry_id);
+        self.winners
+            .sort_by(|a, b| (&a.entry_id, a.claim_id).cmp(&(&b.entry_id, b.claim_id)));
+        self.winners
+            .dedup_by(|a, b| a.entry_id == b.entry_id && a.claim_id == b.claim_id);
         self.unreadable.sort_by(|a, b| a.entry_id.cmp(&b.entry_id));
         self.unreadable.dedup_by(|a, b| a.entry_id == b.entry_id);
         self.others.sort_by(|a, b| a.entry_id.cmp(&b.entry_id));

@@ -1,16 +1,18 @@
-//! Reading and acknowledging a SKU's journal: the Redis Stream claim.lua appends winners to,
-//! consumed by the group [`GROUP`] so that each entry is owned by one writer at a time.
+//! Reading and acknowledging a SKU's journal: the Redis Stream claim.lua appends winners to
+//! (one entry per call, carrying all its winners: `call_entry.rs`), consumed by the group
+//! [`GROUP`] so that each entry is owned by one writer at a time.
 //!
 //! This is the one place that knows an entry's layout (see claim.lua): an entry it cannot
 //! read is not skipped (it would stay pending forever and its units in `inflight`) but handed
 //! on as an [`Unreadable`] for the quarantine.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use redis::Value;
 
 use super::batch::{Change, Other, WaitChange};
-use super::{Batch, Unreadable, Winner, READ_COUNT};
+use super::{call_entry, Batch, Unreadable, Winner, READ_COUNT};
 use crate::error::StoreError;
 use crate::record::ClaimRecord;
 use crate::scripts::SCRIPTS;
@@ -129,6 +131,16 @@ pub async fn raw_entry(
     })
 }
 
+/// The winners one journal entry (`[id, [field, value, ...]]`, as `XRANGE` or `XREADGROUP`
+/// returns it) carries, as the writer reads them; `None` for an entry the writer would
+/// quarantine. For tools and tests that look into the journal.
+pub fn winners_of(sku: &str, entry: Value) -> Option<Vec<Winner>> {
+    match parse_entry(sku, entry)? {
+        Ok(p) => Some(p.winners),
+        Err(_) => None,
+    }
+}
+
 fn parse_entries(sku: &str, v: Value, out: &mut Batch) {
     let Value::Array(entries) = v else {
         return;
@@ -137,12 +149,13 @@ fn parse_entries(sku: &str, v: Value, out: &mut Batch) {
         match parse_entry(sku, e) {
             Some(Ok(p)) => {
                 let units = p.change.as_ref().map_or(0, |c| c.units());
-                match p.winner {
-                    Some(w) => out.winners.push(w),
-                    None => out.others.push(Other {
+                if p.winners.is_empty() {
+                    out.others.push(Other {
                         entry_id: p.entry_id,
                         units,
-                    }),
+                    });
+                } else {
+                    out.winners.extend(p.winners);
                 }
                 out.changes.extend(p.change);
                 out.waits.extend(p.wait);
@@ -153,11 +166,12 @@ fn parse_entries(sku: &str, v: Value, out: &mut Batch) {
     }
 }
 
-/// What one journal entry carries: a winner (field `c`), a hold's status change (`s`), a
-/// waitlist change (`w`), or several (an offer is a winner and its entry's change).
+/// What one journal entry carries: the winners of one claim.lua call (`call_entry.rs`), a
+/// hold's status change (`s`), a waitlist change (`w`), or several (an offer is a winner, in
+/// full in its field `c`, and its entry's change).
 struct Parsed {
     entry_id: String,
-    winner: Option<Winner>,
+    winners: Vec<Winner>,
     change: Option<Change>,
     wait: Option<WaitChange>,
 }
@@ -185,45 +199,85 @@ fn parse_entry(sku: &str, v: Value) -> Option<Result<Parsed, Unreadable>> {
         return None;
     };
     let entry_id = as_string(parts.pop()?)?;
-    let field = |name: &[u8]| {
+    let values = |name: &'static [u8]| {
         fields
             .chunks(2)
-            .find(|kv| as_bytes(&kv[0]) == Some(name))
-            .and_then(|kv| kv.get(1))
-            .and_then(as_bytes)
+            .filter(move |kv| as_bytes(&kv[0]) == Some(name))
+            .filter_map(|kv| kv.get(1).and_then(as_bytes))
     };
-    let (c, s, w) = (field(b"c"), field(b"s"), field(b"w"));
-    let winner =
-        text(c).map(|c| c.and_then(|c| parse_packed(sku, entry_id.clone(), c, w.is_some())));
+    let field = |name: &'static [u8]| values(name).next();
+    let (s, w, k) = (field(b"s"), field(b"w"), field(b"k"));
+    let cs: Vec<&[u8]> = values(b"c").collect();
+    let shared = k.map(|call| call_entry::Shared {
+        call,
+        ms: field(b"t"),
+        seq: field(b"q"),
+        stock: field(b"r"),
+        expires: field(b"x"),
+    });
+    let winners: Option<Vec<Winner>> = match &shared {
+        // A call's entry (claim.lua) carries winners only.
+        Some(shared) => (s.is_none() && w.is_none())
+            .then(|| call_entry::winners(sku, &entry_id, shared, &cs))
+            .flatten(),
+        // One winner in full (a waitlist offer beside its entry's change `w`; an entry of an
+        // earlier claim.lua), or none.
+        None => cs
+            .iter()
+            .map(|c| {
+                let c = std::str::from_utf8(c).ok()?;
+                parse_packed(sku, entry_id.clone(), c, w.is_some())
+            })
+            .collect::<Option<Vec<Winner>>>()
+            .filter(|ws| ws.len() <= 1),
+    };
     let change = text(s).map(|s| s.and_then(parse_change));
     let wait = text(w).map(|w| w.and_then(parse_wait));
-    let readable = (c.is_some() || s.is_some() || w.is_some())
-        && !matches!(winner, Some(None))
+    let readable = (!cs.is_empty() || k.is_some() || s.is_some() || w.is_some())
+        && winners.is_some()
         && !matches!(change, Some(None))
         && !matches!(wait, Some(None));
     if readable {
         return Some(Ok(Parsed {
             entry_id,
-            winner: winner.flatten(),
+            winners: winners.unwrap_or_default(),
             change: change.flatten(),
             wait: wait.flatten(),
         }));
     }
-    // What can still be made out, so the quarantine row is found by claim and counted.
-    let packed = c.or(s);
-    let mut head = packed.unwrap_or_default().splitn(3, |b| *b == b'|');
-    let claim_id = head.next().and_then(|c| Uuid::try_parse_ascii(c).ok());
-    let units = head
-        .next()
-        .and_then(|q| std::str::from_utf8(q).ok())
-        .and_then(|q| q.parse::<i32>().ok())
-        .filter(|q| *q > 0 && c.is_some());
+    // What can still be made out, so the quarantine row is found by claim and counted: the
+    // first claim id, and the units of every winner (all of them, or none is claimed).
+    let (claim_id, units) = match &shared {
+        Some(shared) => call_entry::heads(shared, &cs),
+        None => {
+            let heads: Vec<(Option<Uuid>, Option<i32>)> = match cs.is_empty() {
+                true => vec![head(s.unwrap_or_default())],
+                false => cs.iter().map(|c| head(c)).collect(),
+            };
+            let units = heads
+                .iter()
+                .map(|h| h.1.filter(|q| *q > 0 && !cs.is_empty()))
+                .sum::<Option<i32>>();
+            (heads.first().and_then(|h| h.0), units)
+        }
+    };
     Some(Err(Unreadable {
         entry_id,
         raw: raw_fields(&fields),
         claim_id,
         units,
     }))
+}
+
+/// The claim id and quantity at the head of a packed record, as far as they can be read.
+fn head(packed: &[u8]) -> (Option<Uuid>, Option<i32>) {
+    let mut it = packed.splitn(3, |b| *b == b'|');
+    let claim_id = it.next().and_then(|c| Uuid::try_parse_ascii(c).ok());
+    let units = it
+        .next()
+        .and_then(|q| std::str::from_utf8(q).ok())
+        .and_then(|q| q.parse::<i32>().ok());
+    (claim_id, units)
 }
 
 /// A field's value as text: `None` when absent, `Some(None)` when not UTF-8.
@@ -289,8 +343,8 @@ fn raw_fields(fields: &[Value]) -> Vec<u8> {
     raw
 }
 
-/// A winner's entry as claim.lua would have written it: the quarantine's fallback when the
-/// entry has left the journal since it was read.
+/// A winner as an entry of one winner in full (field `c`, a [`ClaimRecord`]): the quarantine's
+/// fallback when the entry has left the journal since it was read.
 pub fn render(w: &Winner) -> Vec<u8> {
     let record = ClaimRecord {
         claim_id: w.claim_id,
@@ -340,7 +394,8 @@ fn as_string(v: Value) -> Option<String> {
     }
 }
 
-/// Acknowledges settled entries (and drops their units from `inflight`, once).
+/// Acknowledges settled entries (and drops their units from `inflight`, once): each entry once,
+/// with the units of all its winners.
 ///
 /// # Errors
 /// Redis unreachable or timed out; acknowledging twice is harmless.
@@ -357,17 +412,21 @@ pub async fn ack(
         .key(keys.journal())
         .key(keys.holds())
         .key(keys.waitlist_entries())
-        .arg(GROUP)
-        .arg(batch.len());
+        .arg(GROUP);
+    let mut entries: BTreeMap<&str, i64> = BTreeMap::new();
     for w in &batch.winners {
-        inv.arg(&w.entry_id).arg(w.quantity);
+        *entries.entry(&w.entry_id).or_default() += i64::from(w.quantity);
     }
     for u in &batch.unreadable {
         // Units that cannot be read stay in `inflight`: the view then shows the mismatch.
-        inv.arg(&u.entry_id).arg(u.units.unwrap_or(0));
+        *entries.entry(&u.entry_id).or_default() += i64::from(u.units.unwrap_or(0));
     }
     for o in &batch.others {
-        inv.arg(&o.entry_id).arg(o.units);
+        *entries.entry(&o.entry_id).or_default() += i64::from(o.units);
+    }
+    inv.arg(entries.len());
+    for (entry_id, units) in &entries {
+        inv.arg(*entry_id).arg(*units);
     }
     for id in forget {
         inv.arg(id.to_string());
@@ -437,6 +496,93 @@ mod tests {
             panic!("garbage is not a winner");
         };
         assert_eq!((u.claim_id, u.units), (None, None));
+    }
+
+    fn entry_of(fields: &[(&[u8], &[u8])]) -> Value {
+        Value::Array(vec![
+            Value::BulkString(b"9-0".to_vec()),
+            Value::Array(
+                fields
+                    .iter()
+                    .flat_map(|(f, v)| {
+                        [Value::BulkString(f.to_vec()), Value::BulkString(v.to_vec())]
+                    })
+                    .collect(),
+            ),
+        ])
+    }
+
+    #[test]
+    fn an_entry_of_a_calls_winners_is_one_winner_each_sharing_the_entry() {
+        let call = crate::ids::mint_call(1);
+        let text = call.to_string();
+        let fields: Vec<(&[u8], &[u8])> = vec![
+            (b"k", text.as_bytes()),
+            (b"t", b"1700"),
+            (b"q", b"6"),
+            (b"r", b"40"),
+            (b"c", b"0|1|2|u0"),
+            (b"c", b"2|2|2|u1"),
+            (b"c", b"4|3|2|u2key"),
+        ];
+        let mut batch = Batch::default();
+        parse_entries("s", Value::Array(vec![entry_of(&fields)]), &mut batch);
+        let got: Vec<(&str, Uuid, i32, i64, Option<i64>)> = batch
+            .winners
+            .iter()
+            .map(|w| {
+                (
+                    w.entry_id.as_str(),
+                    w.claim_id,
+                    w.quantity,
+                    w.seq,
+                    w.remaining_after,
+                )
+            })
+            .collect();
+        let id = |i| crate::ids::claim_in(&call, i);
+        assert_eq!(
+            got,
+            vec![
+                ("9-0", id(0), 1, 7, Some(39)),
+                ("9-0", id(2), 2, 8, Some(37)),
+                ("9-0", id(4), 3, 9, Some(34)),
+            ]
+        );
+        assert_eq!(batch.winners[2].idempotency_key.as_deref(), Some("key"));
+        assert_eq!((batch.len(), batch.entries()), (3, 1));
+        assert!(batch.others.is_empty() && batch.unreadable.is_empty());
+    }
+
+    #[test]
+    fn an_entry_with_one_garbled_winner_is_quarantined_whole_with_every_winners_units() {
+        let call = crate::ids::mint_call(1);
+        let text = call.to_string();
+        let mut bad = b"5|3|2|".to_vec();
+        bad.extend_from_slice(b"\xff\xfe");
+        let shared: [(&[u8], &[u8]); 4] = [
+            (b"k", text.as_bytes()),
+            (b"t", b"1700"),
+            (b"q", b"6"),
+            (b"r", b"40"),
+        ];
+        let mut fields = shared.to_vec();
+        fields.extend([(&b"c"[..], &b"1|2|1|u"[..]), (b"c", &bad)]);
+        let Some(Err(u)) = parse_entry("s", entry_of(&fields)) else {
+            panic!("an entry with a garbled winner is not written in part");
+        };
+        assert_eq!(
+            (u.claim_id, u.units),
+            (Some(crate::ids::claim_in(&call, 1)), Some(5))
+        );
+        // A call's winners beside a hold change is no entry any script writes.
+        let mut mixed = shared.to_vec();
+        mixed.extend([(&b"c"[..], &b"1|2|1|u"[..]), (b"s", b"x")]);
+        assert!(matches!(parse_entry("s", entry_of(&mixed)), Some(Err(_))));
+        // Two winners in full in one entry: no script writes that either.
+        let a = format!("{}|2|1700|40|5|1|u", Uuid::now_v7());
+        let two = [(&b"c"[..], a.as_bytes()), (b"c", a.as_bytes())];
+        assert!(matches!(parse_entry("s", entry_of(&two)), Some(Err(_))));
     }
 
     #[test]

@@ -24,6 +24,7 @@ use crate::metrics as m;
 use crate::store::Store;
 
 mod batch;
+mod call_entry;
 mod consumers;
 mod journal;
 mod lifecycle;
@@ -32,11 +33,13 @@ mod quarantine;
 
 pub use batch::{Batch, Change, Unreadable, WaitChange, Winner};
 pub use consumers::{reap_idle_consumers, GONE_AFTER_CLAIM_IDLES};
+pub use journal::winners_of;
 pub use postgres::{write_batch, Unwritable};
 pub use quarantine::Quarantined;
 
-/// Entries read per SKU per round; also the largest insert batch.
-const READ_COUNT: usize = 2048;
+/// Entries read per SKU per round. An entry holds the winners of one claim.lua call (up to
+/// 128), so the largest insert batch is 32,768 rows.
+const READ_COUNT: usize = 256;
 /// Every SKU of the active set ([`crate::activity`]) is read this often, wake-up or not.
 const SWEEP: Duration = Duration::from_millis(500);
 /// How long a hold change waits for its win to be written before it is applied as it is.
@@ -212,7 +215,7 @@ impl Writer {
     }
 
     /// Settles one SKU's entries: those held from a failed pass first, else what its journal
-    /// holds. Returns how many were settled.
+    /// holds. Returns how many entries were settled.
     async fn pass(&mut self, sku: &str, autoclaim: bool) -> Result<usize, WriteError> {
         let batch = match self.held.remove(sku) {
             // Entries of a stopped gateway may be what a held batch waits for (the wins of
@@ -239,7 +242,7 @@ impl Writer {
             return Ok(0);
         }
         match self.settle(sku, &batch).await {
-            Ok(()) => Ok(batch.len()),
+            Ok(()) => Ok(batch.entries()),
             Err(WriteError::WinNotYetWritten(n)) => {
                 tracing::debug!(
                     sku,

@@ -3,6 +3,8 @@
 //! entry must not stop its SKU's writer, and must not vanish either: it is kept, bytes and
 //! error, where an operator sees it (the `quarantine` table, an ERROR log line, the
 //! `dropgate_quarantined_total` counter), and its entry is then acknowledged like any other.
+//! An entry carries the winners of one call: each winner no table takes is a row of its own
+//! (the entry's id and bytes, its claim); an entry that cannot be read at all is one row.
 //!
 //! Its units left Redis stock when the claim won, so the SKU view counts them as
 //! `quarantined` until an operator resolves the row (records or compensates the claim, then
@@ -66,7 +68,7 @@ pub async fn record(db: &PgPool, sku: &str, entries: &[Quarantined]) -> Result<(
         let inserted = sqlx::query(
             "INSERT INTO quarantine (sku, entry_id, claim_id, user_id, quantity, raw_entry, error)
              VALUES ($1, $2, $3, $4, $5, $6, $7)
-             ON CONFLICT (sku, entry_id) DO NOTHING",
+             ON CONFLICT (sku, entry_id, claim_id) DO NOTHING",
         )
         .bind(sku)
         .bind(&q.entry_id)

@@ -3,6 +3,7 @@
 mod activity;
 mod admin;
 mod batches;
+mod calls;
 mod catalog;
 mod claims;
 mod cli;

@@ -146,15 +146,15 @@ async fn compensate(
 async fn a_claim_is_compensated_once_and_only_by_its_latest_fencer() {
     let (mut con, keys) = seeded_sku(10, 5).await;
     let won = dropgate::scripts::ClaimInput {
-        claim_id: Uuid::now_v7(),
         user: "buyer".into(),
         quantity: 2,
         idempotency_key: None,
     };
-    scripts::claim(&mut con, &keys, std::slice::from_ref(&won), 1, 0)
+    let call = dropgate::ids::mint_call(0);
+    scripts::claim(&mut con, &keys, &call, std::slice::from_ref(&won), 1, 0)
         .await
         .unwrap();
-    let id = won.claim_id;
+    let id = dropgate::ids::claim_in(&call, 0);
     assert_eq!(compensate(&mut con, &keys, &id, "fence", "a").await, 1);
     // b takes the row over after a's lease ran out: a is now stale.
     assert_eq!(compensate(&mut con, &keys, &id, "fence", "b").await, 1);
@@ -208,15 +208,15 @@ async fn a_hold_gives_its_units_back_once_whether_cancelled_or_compensated_first
     let mut ids = Vec::new();
     for _ in 0..2 {
         let won = dropgate::scripts::ClaimInput {
-            claim_id: Uuid::now_v7(),
             user: "buyer".into(),
             quantity: 2,
             idempotency_key: None,
         };
-        scripts::claim(&mut con, &keys, std::slice::from_ref(&won), 1, 0)
+        let call = dropgate::ids::mint_call(0);
+        scripts::claim(&mut con, &keys, &call, std::slice::from_ref(&won), 1, 0)
             .await
             .unwrap();
-        ids.push(won.claim_id);
+        ids.push(dropgate::ids::claim_in(&call, 0));
     }
     assert_eq!(script_stock(&mut con, &keys).await, 6);
 

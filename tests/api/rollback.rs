@@ -6,7 +6,6 @@ use std::time::Duration;
 use dropgate::scripts::{self, ClaimInput};
 use dropgate::store::Store;
 use serde_json::Value;
-use uuid::Uuid;
 
 use crate::helpers::*;
 use crate::services::PrivateRedis;
@@ -99,11 +98,12 @@ async fn the_writer_closes_a_sku_whose_state_sold_a_sequence_the_ledger_already_
         .await
         .unwrap();
     let again = ClaimInput {
-        claim_id: Uuid::now_v7(),
         user: "second".into(),
         quantity: 1,
         idempotency_key: None,
     };
+    // A stale answer wrote nothing, so the same call may be sent again.
+    let call = dropgate::ids::mint_call(0);
     // The gateway's own periodic check may see the rewound state first and close it: then
     // rewind again, until the stale caller's claim gets through.
     let mut sold = false;
@@ -127,7 +127,15 @@ async fn the_writer_closes_a_sku_whose_state_sold_a_sequence_the_ledger_already_
             .query_async(&mut app.probe.redis.clone())
             .await
             .unwrap();
-        let r = scripts::claim(&mut store.hot(), &keys, std::slice::from_ref(&again), 1, 0).await;
+        let r = scripts::claim(
+            &mut store.hot(),
+            &keys,
+            &call,
+            std::slice::from_ref(&again),
+            1,
+            0,
+        )
+        .await;
         if r.is_ok() {
             sold = true;
             break;
@@ -136,7 +144,7 @@ async fn the_writer_closes_a_sku_whose_state_sold_a_sequence_the_ledger_already_
     assert!(sold, "the rewound state sold to a caller without the mark");
     // The writer records the winner (no winner is ever dropped) and closes the SKU.
     wait_for(Duration::from_secs(10), || async {
-        app.issued_ids("clash").await.contains(&again.claim_id)
+        app.issued_ids("clash").await.contains(&call)
     })
     .await;
     wait_for(Duration::from_secs(10), || async {

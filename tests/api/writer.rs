@@ -80,17 +80,24 @@ async fn a_winner_no_table_accepts_is_quarantined_and_the_writer_keeps_going() {
             .await
             .unwrap();
     let input = dropgate::scripts::ClaimInput {
-        claim_id: Uuid::now_v7(),
         user: "bad\0user".into(),
         quantity: 1,
         idempotency_key: Some("k-1".into()),
     };
     let keys = store.keys("poison");
-    let d = dropgate::scripts::claim(&mut store.hot(), &keys, std::slice::from_ref(&input), 1, 0)
-        .await
-        .unwrap();
+    let call = dropgate::ids::mint_call(0);
+    let d = dropgate::scripts::claim(
+        &mut store.hot(),
+        &keys,
+        &call,
+        std::slice::from_ref(&input),
+        1,
+        0,
+    )
+    .await
+    .unwrap();
     assert!(matches!(d[0], dropgate::scripts::Decision::Won { .. }));
-    let poison = input.claim_id;
+    let poison = dropgate::ids::claim_in(&call, 0);
     let first = release_buyers(&app.api, "poison", users("p", 20)).await;
     assert_eq!(won_ids(&first).len(), 20);
 

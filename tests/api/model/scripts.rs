@@ -7,8 +7,8 @@
 //! over [`WORLDS`] SKUs run concurrently on one multiplexed connection).
 
 use dropgate::keys::SkuKeys;
-use dropgate::record::ClaimRecord;
 use dropgate::scripts::{self, ClaimInput, Decision, RestockMode, Restocked, SCRIPTS};
+use dropgate::writer::Winner;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use redis::aio::ConnectionManager;
@@ -57,8 +57,10 @@ struct Driver {
     con: ConnectionManager,
     keys: SkuKeys,
     world: World,
-    /// Ids fenced by a read-back before any call carried them (a late call may still come).
+    /// Calls fenced by a read-back before they were sent (a late call may still come).
     fenced_fresh: Vec<Uuid>,
+    /// Calls sent, with their sizes (a resend, or a read-back of one of their claims).
+    sent: Vec<(Uuid, usize)>,
     log: Vec<String>,
 }
 
@@ -83,6 +85,7 @@ async fn run_world(seed: u64, w: u64, steps: u64) -> Result<(), String> {
         keys,
         world: World::new(total, limit),
         fenced_fresh: Vec::new(),
+        sent: Vec::new(),
         log: Vec::new(),
     };
     for step in 0..steps {
@@ -119,29 +122,37 @@ impl Driver {
                 let user = USERS[self.rng.random_range(0..USERS.len())].to_string();
                 let key = (self.rng.random_bool(0.5))
                     .then(|| format!("k{}", self.rng.random_range(0..4)));
-                let late = !self.fenced_fresh.is_empty() && self.rng.random_bool(0.1);
                 ClaimInput {
-                    claim_id: if late {
-                        self.fenced_fresh.swap_remove(0)
-                    } else {
-                        Uuid::now_v7()
-                    },
                     user,
                     quantity: self.rng.random_range(1..=self.world.limit) as u32,
                     idempotency_key: key,
                 }
             })
             .collect();
-        // One call holds ids of one records bucket; a late id from another bucket goes alone.
-        let bucket = dropgate::keys::bucket_of(&inputs[0].claim_id);
-        let inputs: Vec<ClaimInput> = inputs
-            .into_iter()
-            .filter(|c| dropgate::keys::bucket_of(&c.claim_id) == bucket)
-            .collect();
+        // A late call a resolver fenced, a resend of a call that ran, or a fresh call.
+        let call = if !self.fenced_fresh.is_empty() && self.rng.random_bool(0.1) {
+            self.fenced_fresh.swap_remove(0)
+        } else if !self.sent.is_empty() && self.rng.random_bool(0.05) {
+            self.sent[self.rng.random_range(0..self.sent.len())].0
+        } else {
+            dropgate::ids::mint_call(0)
+        };
+        self.sent.push((call, inputs.len()));
+        if self.sent.len() > 64 {
+            self.sent.drain(..32);
+        }
         self.log
-            .push(format!("claim {inputs:?} floor {}", self.world.mark));
-        let got = scripts::claim(&mut self.con, &self.keys, &inputs, 1, self.world.mark).await;
-        let want = self.world.claim(&inputs, self.world.mark);
+            .push(format!("claim {call} {inputs:?} floor {}", self.world.mark));
+        let got = scripts::claim(
+            &mut self.con,
+            &self.keys,
+            &call,
+            &inputs,
+            1,
+            self.world.mark,
+        )
+        .await;
+        let want = self.world.claim(call, &inputs, self.world.mark);
         let got = match got {
             Ok(ds) => Ok(ds.into_iter().map(normal).collect::<Vec<_>>()),
             Err(dropgate::error::StoreError::SkuLost) => Err("lost"),
@@ -154,12 +165,16 @@ impl Driver {
 
     async fn resolve(&mut self) -> Result<(), String> {
         let won: Vec<Uuid> = self.world.won.keys().copied().collect();
-        let id = if !won.is_empty() && self.rng.random_bool(0.5) {
+        let id = if !won.is_empty() && self.rng.random_bool(0.4) {
             won[self.rng.random_range(0..won.len())]
+        } else if !self.sent.is_empty() && self.rng.random_bool(0.5) {
+            // Any claim of a call that was sent: won, lost, or a call that never ran.
+            let (call, n) = self.sent[self.rng.random_range(0..self.sent.len())];
+            dropgate::ids::claim_in(&call, self.rng.random_range(0..n))
         } else {
-            let id = Uuid::now_v7();
-            self.fenced_fresh.push(id);
-            id
+            let call = dropgate::ids::mint_call(0);
+            self.fenced_fresh.push(call);
+            dropgate::ids::claim_in(&call, self.rng.random_range(0..6))
         };
         self.log.push(format!("resolve {id}"));
         let got = scripts::resolve_claims(&mut self.con, &self.keys, &[id])
@@ -229,12 +244,12 @@ impl Driver {
             .await
             .map_err(|e| e.to_string())?;
         let entries = stream_entries(reply);
-        let want: Vec<Uuid> = self
+        let want: Vec<Vec<Uuid>> = self
             .world
             .journal
             .iter()
             .take(entries.len())
-            .copied()
+            .cloned()
             .collect();
         self.log.push(format!("ack {} entries", entries.len()));
         let mut inv = SCRIPTS.ack_journal.prepare_invoke();
@@ -244,26 +259,31 @@ impl Driver {
             .key(self.keys.waitlist_entries())
             .arg("writers")
             .arg(entries.len());
-        for ((entry_id, rec), id) in entries.iter().zip(&want) {
-            let w = &self.world.won[id];
-            let expected = (
-                *id,
-                w.quantity,
-                w.seq,
-                w.remaining,
-                w.user.clone(),
-                w.key.clone(),
-            );
-            let found = (
-                rec.claim_id,
-                i64::from(rec.quantity),
-                rec.seq,
-                rec.remaining,
-                rec.user.clone(),
-                rec.idempotency_key.clone(),
-            );
-            same("journal entry", &found, &expected)?;
-            inv.arg(entry_id).arg(rec.quantity);
+        for ((entry_id, recs), ids) in entries.iter().zip(&want) {
+            same("winners of an entry", &recs.len(), &ids.len())?;
+            let mut units = 0;
+            for (w_got, id) in recs.iter().zip(ids) {
+                let w = &self.world.won[id];
+                let expected = (
+                    *id,
+                    w.quantity,
+                    w.seq,
+                    w.remaining,
+                    w.user.clone(),
+                    w.key.clone(),
+                );
+                let found = (
+                    w_got.claim_id,
+                    i64::from(w_got.quantity),
+                    w_got.seq,
+                    w_got.remaining_after.unwrap_or(-1),
+                    w_got.user.clone(),
+                    w_got.idempotency_key.clone(),
+                );
+                same("journal entry", &found, &expected)?;
+                units += w_got.quantity;
+            }
+            inv.arg(entry_id).arg(units);
         }
         if entries.len() != want.len()
             || (entries.is_empty() && !self.world.journal.is_empty() && !self.world.lost)
@@ -487,7 +507,8 @@ fn same<T: PartialEq + std::fmt::Debug>(what: &str, got: &T, want: &T) -> Result
     }
 }
 
-fn stream_entries(reply: Value) -> Vec<(String, ClaimRecord)> {
+/// Each entry's id and its winners, as the writer reads them.
+fn stream_entries(reply: Value) -> Vec<(String, Vec<Winner>)> {
     let mut out = Vec::new();
     let Value::Array(streams) = reply else {
         return out;
@@ -498,16 +519,15 @@ fn stream_entries(reply: Value) -> Vec<(String, ClaimRecord)> {
             continue;
         };
         for e in entries {
-            let Value::Array(mut e) = e else { continue };
-            let (Some(Value::Array(fields)), Some(Value::BulkString(id))) = (e.pop(), e.pop())
-            else {
-                continue;
+            let id = match &e {
+                Value::Array(parts) => match parts.first() {
+                    Some(Value::BulkString(id)) => String::from_utf8_lossy(id).into_owned(),
+                    _ => continue,
+                },
+                _ => continue,
             };
-            if let Some(Value::BulkString(raw)) = fields.get(1) {
-                if let Some(rec) = std::str::from_utf8(raw).ok().and_then(ClaimRecord::parse) {
-                    out.push((String::from_utf8_lossy(&id).into_owned(), rec));
-                }
-            }
+            let winners = dropgate::writer::winners_of("m", e).unwrap_or_default();
+            out.push((id, winners));
         }
     }
     out

@@ -1,5 +1,6 @@
 //! The reference model of one SKU's Redis state, as the scripts must keep it: stock, the
-//! state sequence, per-user counts, idempotency records, fences, winners not yet acknowledged.
+//! state sequence, per-user counts, idempotency records, call records and fences, journal
+//! entries (one per call that had winners) not yet acknowledged.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -30,10 +31,13 @@ pub struct World {
     pub users: BTreeMap<String, i64>,
     /// (user, key) -> the claim that won under it.
     pub idem: HashMap<(String, String), Uuid>,
+    /// Calls a resolver fenced before they ran.
     pub fenced: HashSet<Uuid>,
+    /// Calls that ran and had winners: their record answers read-backs and refuses resends.
+    pub recorded: HashSet<Uuid>,
     pub won: HashMap<Uuid, Won>,
-    /// Winners in journal order, not yet acknowledged.
-    pub journal: Vec<Uuid>,
+    /// Journal entries in order, each the winners of one call, not yet acknowledged.
+    pub journal: Vec<Vec<Uuid>>,
 }
 
 impl World {
@@ -46,12 +50,17 @@ impl World {
         }
     }
 
-    /// What claim.lua must answer for `claims` with `floor`, applying it to the model.
+    /// What claim.lua must answer for the call `call` of `claims` with `floor`, applying it to
+    /// the model.
     pub fn claim(
         &mut self,
+        call: Uuid,
         claims: &[ClaimInput],
         floor: i64,
     ) -> Result<Vec<Decision>, &'static str> {
+        if self.fenced.contains(&call) || self.recorded.contains(&call) {
+            return Ok(vec![Decision::Fenced; claims.len()]);
+        }
         if self.lost {
             return Err("lost");
         }
@@ -63,7 +72,9 @@ impl World {
             return Err("stale");
         }
         let mut out = Vec::with_capacity(claims.len());
-        for c in claims {
+        let mut entry = Vec::new();
+        for (i, c) in claims.iter().enumerate() {
+            let id = dropgate::ids::claim_in(&call, i);
             let q = i64::from(c.quantity);
             let idem = c
                 .idempotency_key
@@ -91,18 +102,16 @@ impl World {
                 out.push(Decision::SoldOut {
                     remaining: self.stock,
                 });
-            } else if self.fenced.contains(&c.claim_id) {
-                out.push(Decision::Fenced);
             } else {
                 self.stock -= q;
                 self.seq += 1;
                 self.inflight += q;
                 *self.users.entry(c.user.clone()).or_default() += q;
                 if let Some(k) = idem {
-                    self.idem.insert(k, c.claim_id);
+                    self.idem.insert(k, id);
                 }
                 self.won.insert(
-                    c.claim_id,
+                    id,
                     Won {
                         user: c.user.clone(),
                         quantity: q,
@@ -112,22 +121,30 @@ impl World {
                         compensated: false,
                     },
                 );
-                self.journal.push(c.claim_id);
+                entry.push(id);
                 out.push(Decision::Won {
                     remaining: self.stock,
                     expires_ms: None,
                 });
             }
         }
+        if !entry.is_empty() {
+            self.journal.push(entry);
+            self.recorded.insert(call);
+        }
         Ok(out)
     }
 
-    /// resolve_claim.lua: the remaining stock after a win, or fenced.
+    /// resolve_claim.lua: the remaining stock after a win, or not won; a call that did not
+    /// run is fenced.
     pub fn resolve(&mut self, id: Uuid) -> Option<i64> {
+        let call = dropgate::ids::call_of(&id);
         match self.won.get(&id) {
             Some(w) => Some(w.remaining),
             None => {
-                self.fenced.insert(id);
+                if !self.recorded.contains(&call) {
+                    self.fenced.insert(call);
+                }
                 None
             }
         }
@@ -185,7 +202,7 @@ impl World {
 
     /// The writer acknowledged the oldest `n` journal entries.
     pub fn ack(&mut self, n: usize) -> Vec<Uuid> {
-        let acked: Vec<Uuid> = self.journal.drain(..n).collect();
+        let acked: Vec<Uuid> = self.journal.drain(..n).flatten().collect();
         for id in &acked {
             let w = &self.won[id];
             if !self.lost {
