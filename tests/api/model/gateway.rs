@@ -310,12 +310,13 @@ async fn monitor(probe: Probe, done: Arc<AtomicBool>) -> Result<(), String> {
                       WHERE i.sku = s.sku AND i.status IN ('issued', 'held', 'confirmed'))
                   + (SELECT COALESCE(SUM(quantity), 0)::bigint FROM persistence_pending p
                       WHERE p.sku = s.sku AND p.status IN ('pending', 'reprocessing')
-                        -- A compensation is recorded in issuances before its units go back
-                        -- and the parked row is closed after: from the record on, it is not
-                        -- live (or a negative restock in between would look like an oversell).
+                        -- A claim with an issuances row is counted there, once: live unless
+                        -- compensated (a compensation is recorded before its units go back
+                        -- and the parked row is closed after), and a row parked by one
+                        -- writer while another wrote the same entry is one unit, not two,
+                        -- until the reprocessor resolves the parked row.
                         AND NOT EXISTS (SELECT 1 FROM issuances c
-                                         WHERE c.claim_id = p.claim_id
-                                           AND c.status = 'compensated'))
+                                         WHERE c.claim_id = p.claim_id))
                FROM skus s",
         )
         .fetch_all(&probe.db)
