@@ -19,6 +19,8 @@ struct DeclareBody {
     offer_seconds: Option<i64>,
     opens_at: Option<chrono::DateTime<chrono::FixedOffset>>,
     closes_at: Option<chrono::DateTime<chrono::FixedOffset>>,
+    /// Redis shards of the SKU (1..=16, default 1; see `crate::shards`).
+    shards: Option<i64>,
 }
 
 /// Longest hold or offer accepted: a week (a checkout, not a reservation system).
@@ -62,6 +64,21 @@ pub(super) async fn declare(
             )));
         }
     }
+    let shards = body.shards.unwrap_or(1);
+    if !(1..=i64::from(crate::shards::MAX_SHARDS)).contains(&shards) {
+        return Err(ApiError::BadRequest(format!(
+            "shards must be in 1..={}",
+            crate::shards::MAX_SHARDS
+        )));
+    }
+    if shards > 1 && hold > 0 {
+        // A hold lives in its buyer's shard and is confirmed, cancelled and expired there, but
+        // a unit it gives back would have to reach the waitlist, which is one line per SKU:
+        // not built yet, so refused rather than half working.
+        return Err(ApiError::BadRequest(
+            "a SKU of more than one shard takes no holds yet: hold_seconds must be 0".into(),
+        ));
+    }
     let opens_at = body.opens_at.map(|t| t.to_utc());
     let closes_at = body.closes_at.map(|t| t.to_utc());
     if let (Some(o), Some(c)) = (opens_at, closes_at) {
@@ -77,6 +94,7 @@ pub(super) async fn declare(
         offer_seconds: offer as i32,
         opens_at,
         closes_at,
+        shards: shards as i32,
     };
     let d = inventory::declare(&state.store, &state.catalog, sku, body.total, &terms).await?;
     let status = if d.created {

@@ -68,21 +68,15 @@ pub async fn find_claim(
     let Some(sku) = sku_of(catalog, &id).await? else {
         return Ok(row);
     };
-    let keys = store.keys(&sku.sku);
-    let mut con = store.hot();
-    let read = store
-        .bounded(async {
-            Ok(redis::pipe()
-                .cmd("HGET")
-                .arg(keys.claim(&id))
-                .arg(crate::ids::call_of(&id).to_string())
-                .cmd("HGET")
-                .arg(keys.holds())
-                .arg(id.to_string())
-                .query_async::<(Option<String>, Option<String>)>(&mut con)
-                .await?)
-        })
-        .await;
+    // A claim of a sharded SKU was decided on its buyer's shard, which the id does not name:
+    // each shard is asked in turn until one holds the call's record.
+    let mut read = Ok((None, None));
+    for name in crate::shards::names(&sku.sku, sku.shards) {
+        read = read_records(store, &name, &id).await;
+        if !matches!(read, Ok((None, None))) {
+            break;
+        }
+    }
     let (record, hold) = match (read, row) {
         (Ok(r), _) => r,
         // The ledger's row stands when Redis cannot add to it.
@@ -116,6 +110,29 @@ pub async fn find_claim(
         (None, None) => return Ok(ledger::find_claim(catalog.db(), id).await?),
     };
     Ok(Some(claim))
+}
+
+/// The record of the call that decided `id` and the hold `id`, on the Redis SKU `name`.
+async fn read_records(
+    store: &Store,
+    name: &str,
+    id: &Uuid,
+) -> Result<(Option<String>, Option<String>), StoreError> {
+    let keys = store.keys(name);
+    let mut con = store.hot();
+    store
+        .bounded(async {
+            Ok(redis::pipe()
+                .cmd("HGET")
+                .arg(keys.claim(id))
+                .arg(crate::ids::call_of(id).to_string())
+                .cmd("HGET")
+                .arg(keys.holds())
+                .arg(id.to_string())
+                .query_async::<(Option<String>, Option<String>)>(&mut con)
+                .await?)
+        })
+        .await
 }
 
 /// Confirms or cancels the hold `id` for `caller` (`None`: the admin, who may act on any).
