@@ -42,7 +42,6 @@ static USER_SEQ: AtomicU64 = AtomicU64::new(0);
 fn fresh_claims(n: usize) -> Vec<ClaimInput> {
     (0..n)
         .map(|_| ClaimInput {
-            claim_id: Uuid::now_v7(),
             user: format!("u{}", USER_SEQ.fetch_add(1, Ordering::Relaxed)),
             quantity: 1,
             idempotency_key: None,
@@ -56,7 +55,8 @@ async fn burst_hot(keys: &SkuKeys, hot: &RedisConn) {
     for input in fresh_claims(CONCURRENCY) {
         let (keys, mut con) = (keys.clone(), hot.clone());
         tasks.spawn(async move {
-            let d = scripts::claim(&mut con, &keys, &[input], now_ms(), 0)
+            let call = dropgate::ids::mint_call(0);
+            let d = scripts::claim(&mut con, &keys, &call, &[input], now_ms(), 0)
                 .await
                 .expect("claim");
             assert!(matches!(d[..], [Decision::Won { .. }]), "{d:?}");
@@ -74,7 +74,8 @@ async fn burst_pool(keys: &SkuKeys, pool: &bb8::Pool<ClusterClient>) {
         let (keys, pool) = (keys.clone(), pool.clone());
         tasks.spawn(async move {
             let mut con = pool.get_owned().await.expect("bb8 get");
-            let d = scripts::claim(&mut *con, &keys, &[input], now_ms(), 0)
+            let call = dropgate::ids::mint_call(0);
+            let d = scripts::claim(&mut *con, &keys, &call, &[input], now_ms(), 0)
                 .await
                 .expect("claim");
             assert!(matches!(d[..], [Decision::Won { .. }]), "{d:?}");
