@@ -511,3 +511,45 @@ async fn a_sharded_drop_sells_exactly_its_units_on_a_cluster_of_three_masters() 
     let table = reconcile(&cluster.urls(), &db_url, &iso.prefix);
     assert!(table.contains(&sku), "{table}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_sku_known_sold_out_sells_again_when_units_come_back_on_any_shard() {
+    let app = spawn_app().await;
+    let sku = format!("sh-back-{}", Uuid::new_v4().simple());
+    let r = declare_sharded(&app.api, &sku, json!({"total": 3, "shards": 3})).await;
+    assert_eq!(r.status(), 201);
+    let buyers = users("bk", 40);
+    let results = release_buyers(&app.api, &sku, buyers.clone()).await;
+    assert_eq!(won_ids(&results).len(), 3);
+    // Known sold out only once every shard is dry: later buyers are refused from memory, on
+    // whichever shard they are routed to.
+    let late: Vec<String> = users("bk-late", 12);
+    for u in &late {
+        let r = app.claim(&sku, u, 1, None).await;
+        assert_eq!(r.status(), 409);
+        assert_eq!(code(&r.json().await.unwrap()), "sold_out");
+    }
+    // One unit comes back, on shard 0 (a restock goes there): a buyer of another shard
+    // borrows it at once.
+    assert_eq!(app.restock(&sku, 1).await.status(), 200);
+    let far = users("bk-far", 40)
+        .into_iter()
+        .find(|u| shard_of_user(u, 3) == 2)
+        .unwrap();
+    // Within the fast path's staleness bound (100 ms) at the latest; the notification makes
+    // it sooner.
+    let won = std::sync::atomic::AtomicBool::new(false);
+    wait_for(Duration::from_secs(5), || async {
+        if app.claim(&sku, &far, 1, None).await.status() == 201 {
+            won.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        won.load(std::sync::atomic::Ordering::Relaxed)
+    })
+    .await;
+    let v = app.drained(&sku).await;
+    assert_eq!(
+        (v["recorded"].as_i64(), v["remaining"].as_i64()),
+        (Some(4), Some(0))
+    );
+    assert_eq!(v["consistent"], true);
+}
