@@ -25,7 +25,8 @@
 # gateway's CPU, each divided by the claims answered, and the transfers between shards
 # (dropgate_shard_transfers_total) per 1,000 claims. SHARD_UNITS (default: more than any run
 # sells, so every claim wins and no shard runs dry) sets the SKU's total: a smaller one makes
-# the run a drop that sells out, the case where shards borrow from each other.
+# the run a drop that sells out, the case where shards borrow from each other. SHARDS_ENV
+# ("VAR=VALUE ...") is passed to that gateway, e.g. SHARDS_ENV=DROPGATE_COALESCE=0.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -117,8 +118,9 @@ RESULTS=$TMP/results.tsv
 if [[ -n ${SHARDS:-} ]]; then
   SHARDS_WAIT=${SHARDS_WAIT:-1}
   SHARD_UNITS=${SHARD_UNITS:-$UNITS}
+  read -r -a SHARDS_ENV_ARGS <<<"${SHARDS_ENV:-}"
   REDIS_URL=$CLUSTER_URL start_gateway sharded "dg_cluster_${ID}_h" "cl${ID}h" \
-    DROPGATE_REDIS_WAIT_REPLICAS="$SHARDS_WAIT"
+    DROPGATE_REDIS_WAIT_REPLICAS="$SHARDS_WAIT" "${SHARDS_ENV_ARGS[@]}"
   GW=$GW_URL GWPID=$GW_PID
   # The masters, and the slot ranges each serves ("start end port" lines).
   MASTERS=() RANGES=$TMP/ranges
@@ -149,7 +151,7 @@ if [[ -n ${SHARDS:-} ]]; then
   transfers() {
     curl -sS -m 5 "$GW/metrics" | awk '$1 == "dropgate_shard_transfers_total" { print $2 }'
   }
-  say "sharded runs on ${GW} (cluster masters ${MASTERS[*]}, WAIT $SHARDS_WAIT), shard counts: $SHARDS, units $SHARD_UNITS"
+  say "sharded runs on ${GW} (cluster masters ${MASTERS[*]}, WAIT $SHARDS_WAIT${SHARDS_ENV:+, $SHARDS_ENV}), shard counts: $SHARDS, units $SHARD_UNITS"
   say "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
   shard_run() {
     local n=$1 round=$2 sku view units c0 c1 g0 g1 t0 t1 rc=0 per=() m
