@@ -109,7 +109,7 @@ pub async fn restore(
     let restore_id = uuid::Uuid::new_v4();
     let staged: Vec<String> = keys.iter().map(|k| k.users_restore(&restore_id)).collect();
     let (units, users) = stage_live_claims(store, &mut con, &keys, &staged, db, sku).await?;
-    let wl_order = crate::lifecycle::restore::stage(store, &mut con, &keys[0], db, sku).await?;
+    let wl_order = crate::lifecycle::restore::stage(store, &mut con, &keys, db, sku).await?;
     let terms = scripts::Terms::of(&row);
     // The total as it is now, and proof that no newer operator action (which would have taken
     // a newer epoch) has moved it since this restore's lock: a lock lost with its connection
@@ -165,14 +165,16 @@ pub async fn restore(
         if applied != 1 {
             // Another restore (whose lock this one's replaced) rebuilt it first, from the
             // same ledger: drop what this one staged.
-            let _ = store
-                .bounded(async {
-                    Ok(redis::cmd("DEL")
-                        .arg(&staged)
-                        .query_async::<()>(&mut con)
-                        .await?)
-                })
-                .await;
+            for key in &staged {
+                let _ = store
+                    .bounded(async {
+                        Ok(redis::cmd("DEL")
+                            .arg(key)
+                            .query_async::<()>(&mut con)
+                            .await?)
+                    })
+                    .await;
+            }
             return Err(InventoryError::Refused(Refusal::StatePresent));
         }
     }
@@ -244,94 +246,125 @@ async fn stage_live_claims(
     .bind(sku)
     .fetch(db);
     let shards = keys.len() as i32;
-    // Each buyer's count and records go to the buyer's shard.
-    let shard_keys = |user: &str| &keys[usize::from(crate::shards::shard_of_user(user, shards))];
+    // Each buyer's count and records go to the buyer's shard, each shard's in pipelines of
+    // its own (a pipeline reaches one slot's node on a cluster).
+    let shard_of = |user: &str| usize::from(crate::shards::shard_of_user(user, shards));
     let mut held: HashMap<String, i64> = HashMap::new();
     let mut units = 0i64;
-    let mut pipe = redis::pipe();
-    let mut queued = 0usize;
+    let mut pipes = ShardPipes::new(keys.len());
     let mut parked = Vec::new();
     while let Some(c) = rows.try_next().await.map_err(crate::error::DbError::from)? {
         if c.parked {
             parked.push(c);
             continue;
         }
-        count(
-            c,
-            &mut units,
-            &mut held,
-            &mut pipe,
-            &mut queued,
-            &shard_keys,
-        );
-        if queued >= CHUNK {
-            flush(store, con, &mut pipe).await?;
-            queued = 0;
-        }
+        count(c, &mut units, &mut held, &mut pipes, keys, &shard_of);
+        pipes.flush_full(store, con).await?;
     }
     drop(rows);
     // A parked claim whose units a reprocessor already gave back (to the state this restore
     // closed) holds none, whatever its row says yet: its compensation marker tells.
     for c in parked {
+        let home = &keys[shard_of(c.user_id.as_deref().unwrap_or(""))];
         let marker: Option<String> = store
             .bounded(async {
                 Ok(redis::cmd("GET")
-                    .arg(shard_keys(c.user_id.as_deref().unwrap_or("")).compensation(&c.claim_id))
+                    .arg(home.compensation(&c.claim_id))
                     .query_async(&mut *con)
                     .await?)
             })
             .await?;
         if marker.as_deref() != Some("compensated") {
-            count(
-                c,
-                &mut units,
-                &mut held,
-                &mut pipe,
-                &mut queued,
-                &shard_keys,
-            );
+            count(c, &mut units, &mut held, &mut pipes, keys, &shard_of);
         }
     }
-    flush(store, con, &mut pipe).await?;
-    for (i, (user, n)) in held.iter().enumerate() {
-        let shard = usize::from(crate::shards::shard_of_user(user, shards));
-        pipe.hset(&staged[shard], user, *n).ignore();
-        if (i + 1) % CHUNK == 0 {
-            flush(store, con, &mut pipe).await?;
-        }
+    pipes.flush_all(store, con).await?;
+    for (user, n) in &held {
+        let shard = shard_of(user);
+        pipes.add(shard).hset(&staged[shard], user, *n).ignore();
+        pipes.flush_full(store, con).await?;
     }
-    flush(store, con, &mut pipe).await?;
+    pipes.flush_all(store, con).await?;
     Ok((units, held.len()))
 }
 
-/// Counts one live claim's units (and its buyer's), and queues its idempotency record.
-fn count<'k>(
+/// One pipeline per shard, each flushed once it holds [`CHUNK`] commands.
+pub(crate) struct ShardPipes {
+    pipes: Vec<redis::Pipeline>,
+    queued: Vec<usize>,
+}
+
+impl ShardPipes {
+    pub(crate) fn new(shards: usize) -> Self {
+        ShardPipes {
+            pipes: (0..shards).map(|_| redis::pipe()).collect(),
+            queued: vec![0; shards],
+        }
+    }
+
+    /// The pipeline of `shard`, counting one more command on it.
+    pub(crate) fn add(&mut self, shard: usize) -> &mut redis::Pipeline {
+        self.queued[shard] += 1;
+        &mut self.pipes[shard]
+    }
+
+    pub(crate) async fn flush_full(
+        &mut self,
+        store: &Store,
+        con: &mut RedisConn,
+    ) -> Result<(), StoreError> {
+        for (pipe, queued) in self.pipes.iter_mut().zip(&mut self.queued) {
+            if *queued >= CHUNK {
+                flush(store, con, pipe).await?;
+                *queued = 0;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn flush_all(
+        &mut self,
+        store: &Store,
+        con: &mut RedisConn,
+    ) -> Result<(), StoreError> {
+        for (pipe, queued) in self.pipes.iter_mut().zip(&mut self.queued) {
+            flush(store, con, pipe).await?;
+            *queued = 0;
+        }
+        Ok(())
+    }
+}
+
+/// Counts one live claim's units (and its buyer's), and queues its idempotency record on its
+/// buyer's shard.
+fn count(
     c: LiveClaim,
     units: &mut i64,
     held: &mut HashMap<String, i64>,
-    pipe: &mut redis::Pipeline,
-    queued: &mut usize,
-    keys_of: &impl Fn(&str) -> &'k SkuKeys,
+    pipes: &mut ShardPipes,
+    keys: &[SkuKeys],
+    shard_of: &impl Fn(&str) -> usize,
 ) {
-    {
-        *units += c.quantity;
-        let Some(user_id) = c.user_id else { return };
-        *held.entry(user_id.clone()).or_default() += c.quantity;
-        if let Some(k) = c.idempotency_key {
-            let key = keys_of(&user_id).idempotency(&user_id, &k);
-            let record = ClaimRecord {
-                claim_id: c.claim_id,
-                quantity: c.quantity as u32,
-                created_ms: c.created_at.timestamp_millis(),
-                remaining: c.remaining_after.unwrap_or(0),
-                seq: c.seq.unwrap_or(0),
-                user: user_id,
-                idempotency_key: Some(k),
-                expires_ms: None,
-            };
-            pipe.set_ex(key, record.render(), RECORD_TTL_SECS).ignore();
-            *queued += 1;
-        }
+    *units += c.quantity;
+    let Some(user_id) = c.user_id else { return };
+    *held.entry(user_id.clone()).or_default() += c.quantity;
+    if let Some(k) = c.idempotency_key {
+        let shard = shard_of(&user_id);
+        let key = keys[shard].idempotency(&user_id, &k);
+        let record = ClaimRecord {
+            claim_id: c.claim_id,
+            quantity: c.quantity as u32,
+            created_ms: c.created_at.timestamp_millis(),
+            remaining: c.remaining_after.unwrap_or(0),
+            seq: c.seq.unwrap_or(0),
+            user: user_id,
+            idempotency_key: Some(k),
+            expires_ms: None,
+        };
+        pipes
+            .add(shard)
+            .set_ex(key, record.render(), RECORD_TTL_SECS)
+            .ignore();
     }
 }
 

@@ -71,14 +71,6 @@ pub(super) async fn declare(
             crate::shards::MAX_SHARDS
         )));
     }
-    if shards > 1 && hold > 0 {
-        // A hold lives in its buyer's shard and is confirmed, cancelled and expired there, but
-        // a unit it gives back would have to reach the waitlist, which is one line per SKU:
-        // not built yet, so refused rather than half working.
-        return Err(ApiError::BadRequest(
-            "a SKU of more than one shard takes no holds yet: hold_seconds must be 0".into(),
-        ));
-    }
     let opens_at = body.opens_at.map(|t| t.to_utc());
     let closes_at = body.closes_at.map(|t| t.to_utc());
     if let (Some(o), Some(c)) = (opens_at, closes_at) {

@@ -10,10 +10,12 @@ use dropgate::shards::transfer::{self, Taken};
 use dropgate::shards::{shard_of_user, split_total};
 use dropgate::store::Store;
 use serde_json::{json, Value};
+use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::cluster_support::{sku_key, ClusterProbe, PrivateCluster};
 use crate::helpers::*;
+use crate::lifecycle::{claim_id, get_as, ledger_statuses, post_as};
 use crate::services::GatewayProcess;
 
 async fn declare_sharded(api: &Api, sku: &str, body: Value) -> reqwest::Response {
@@ -74,7 +76,7 @@ fn shard_remaining(view: &Value) -> Vec<i64> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shards_are_declared_once_split_evenly_and_refuse_holds_and_the_waitlist() {
+async fn shards_are_declared_once_split_evenly_and_refuse_the_waitlist() {
     let app = spawn_app().await;
     let sku = format!("sh-decl-{}", Uuid::new_v4().simple());
     for bad in [
@@ -84,13 +86,6 @@ async fn shards_are_declared_once_split_evenly_and_refuse_holds_and_the_waitlist
         let r = declare_sharded(&app.api, &sku, bad).await;
         assert_eq!(r.status(), 400);
     }
-    let r = declare_sharded(
-        &app,
-        &sku,
-        json!({"total": 10, "shards": 2, "hold_seconds": 60}),
-    )
-    .await;
-    assert_eq!(r.status(), 400, "holds on a sharded SKU are refused");
     assert_eq!(
         declare_sharded(&app.api, &sku, json!({"total": 10, "shards": 3}))
             .await
@@ -496,6 +491,36 @@ async fn a_sharded_drop_sells_exactly_its_units_on_a_cluster_of_three_masters() 
         let name = dropgate::keys::shard_name(&sku, shard);
         assert_eq!(probe.stock(&name).await, Some(0), "{name}");
     }
+    // Redis loses shard 1 (every key of its slot on its master): restore rebuilds every
+    // shard, each buyer's count on the buyer's shard's own master.
+    let lost = dropgate::keys::shard_name(&sku, 1);
+    let master = cluster.master_of(&sku_key(&lost)).await;
+    let slot = cluster.slot_of(&sku_key(&lost)).await;
+    let mut con = cluster.connection().await;
+    for key in PrivateCluster::keys_in_slot(master, slot, 10_000).await {
+        let _: i64 = redis::cmd("DEL")
+            .arg(&key)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+    }
+    assert_eq!(probe.stock(&lost).await, None);
+    assert_eq!(apis[0].restore(&sku, false).await.status(), 200);
+    let v = apis[1].view(&sku).await;
+    assert_eq!(
+        (v["recorded"].as_i64(), v["remaining"].as_i64()),
+        (Some(10), Some(0))
+    );
+    assert_eq!(v["consistent"], true, "{v}");
+    let winners: Vec<String> = sqlx::query_scalar("SELECT user_id FROM issuances WHERE sku = $1")
+        .bind(&sku)
+        .fetch_all(&PgPool::connect(&iso.database_url).await.unwrap())
+        .await
+        .unwrap();
+    for w in &winners {
+        let home = dropgate::keys::shard_name(&sku, shard_of_user(w, 3));
+        assert_eq!(probe.held(&home, w).await, 1, "{w} on {home}");
+    }
     let mut applied = 0;
     for port in cluster.masters().await {
         let keys: Vec<String> = crate::cluster_support::node_cmd(
@@ -552,4 +577,118 @@ async fn a_sharded_sku_known_sold_out_sells_again_when_units_come_back_on_any_sh
         (Some(4), Some(0))
     );
     assert_eq!(v["consistent"], true);
+}
+
+/// The view once every shard's journal is written (with holds, `in_flight` nets winners
+/// against units given back, so it alone cannot tell).
+async fn settled_shards(app: &TestApp, sku: &str, shards: u16) -> Value {
+    for shard in 0..shards {
+        let journal = format!(
+            "{}:{{{}}}:journal",
+            app.probe.prefix,
+            dropgate::keys::shard_name(sku, shard)
+        );
+        wait_for(Duration::from_secs(30), || async {
+            let mut con = app.probe.redis.clone();
+            let len: i64 = redis::cmd("XLEN")
+                .arg(&journal)
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            len == 0
+        })
+        .await;
+    }
+    app.drained(sku).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_on_a_sharded_sku_live_in_their_buyers_shard() {
+    let app = spawn_app().await;
+    let sku = format!("sh-hold-{}", Uuid::new_v4().simple());
+    let r = declare_sharded(
+        &app.api,
+        &sku,
+        json!({"total": 6, "shards": 3, "hold_seconds": 600}),
+    )
+    .await;
+    assert_eq!(r.status(), 201);
+    // One buyer per shard.
+    let pool = users("hd", 60);
+    let buyers: Vec<String> = (0..3u16)
+        .map(|i| {
+            pool.iter()
+                .find(|u| shard_of_user(u, 3) == i)
+                .unwrap()
+                .clone()
+        })
+        .collect();
+    let mut ids = Vec::new();
+    for u in &buyers {
+        let r = app.claim(&sku, u, 1, None).await;
+        assert_eq!(r.status(), 201);
+        let b: Value = r.json().await.unwrap();
+        assert_eq!(b["status"], "held");
+        assert!(b["expires_at"].is_string(), "{b}");
+        ids.push(claim_id(&b));
+    }
+    // The owner confirms (routed to its shard by its user id); the admin cancels (found by
+    // trying each shard); another buyer finds nothing.
+    let path = |id: &str, op: &str| format!("/v1/claims/{id}/{op}");
+    let (s, b) = post_as(&app.api, &path(&ids[0], "confirm"), &token(&buyers[0])).await;
+    assert_eq!((s, b["status"].as_str()), (200, Some("confirmed")));
+    let (s, b) = post_as(&app.api, &path(&ids[1], "cancel"), ADMIN).await;
+    assert_eq!((s, b["status"].as_str()), (200, Some("cancelled")));
+    let (s, _) = post_as(&app.api, &path(&ids[2], "cancel"), &token(&buyers[0])).await;
+    assert_eq!(s, 404);
+    let (s, b) = get_as(
+        &app.api,
+        &format!("/v1/claims/{}", ids[2]),
+        &token(&buyers[2]),
+    )
+    .await;
+    assert_eq!((s, b["status"].as_str()), (200, Some("held")));
+    // The cancelled unit came back to its own shard, and its buyer's count with it.
+    let v = settled_shards(&app, &sku, 3).await;
+    assert_eq!(shard_remaining(&v), vec![1, 2, 1]);
+    let home = dropgate::keys::shard_name(&sku, 1);
+    assert_eq!(app.held(&home, &buyers[1]).await, 0);
+    assert_eq!(
+        (
+            v["recorded"].as_i64(),
+            v["held"].as_i64(),
+            v["confirmed"].as_i64()
+        ),
+        (Some(2), Some(1), Some(1))
+    );
+    assert_eq!(v["consistent"], true, "{v}");
+    let statuses = ledger_statuses(&app.probe, &sku).await;
+    assert_eq!(statuses[&ids[1].parse().unwrap()], "cancelled");
+
+    // A short hold expires on its shard (the expiry worker serves every shard).
+    let short = format!("sh-short-{}", Uuid::new_v4().simple());
+    let r = declare_sharded(
+        &app.api,
+        &short,
+        json!({"total": 3, "shards": 3, "hold_seconds": 1}),
+    )
+    .await;
+    assert_eq!(r.status(), 201);
+    let far = buyers[2].clone();
+    let r = app.claim(&short, &far, 1, None).await;
+    assert_eq!(r.status(), 201);
+    let id = claim_id(&r.json::<Value>().await.unwrap());
+    wait_for(Duration::from_secs(10), || async {
+        get_as(&app.api, &format!("/v1/claims/{id}"), &token(&far))
+            .await
+            .1["status"]
+            == "expired"
+    })
+    .await;
+    let v = settled_shards(&app, &short, 3).await;
+    assert_eq!(shard_remaining(&v), vec![1, 1, 1]);
+    assert_eq!(
+        (v["recorded"].as_i64(), v["consistent"].as_bool()),
+        (Some(0), Some(true))
+    );
 }
