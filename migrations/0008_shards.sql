@@ -16,3 +16,7 @@ CREATE TABLE sku_shard_marks (
     redis_seq bigint  NOT NULL DEFAULT 0,
     PRIMARY KEY (sku, shard)
 );
+
+-- The transfer recovery task of every gateway reads the sharded SKUs every second: an index of
+-- those few, so an idle catalog of 100,000 SKUs costs it nothing.
+CREATE INDEX skus_sharded ON skus (sku) WHERE shards > 1;
