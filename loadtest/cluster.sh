@@ -15,6 +15,18 @@
 #
 # Environment: ROUNDS (3), DURATION_S (10), CONNS (64), THREADS (2), BUYERS (5000), DRAIN_S
 # (120), SKIP_BUILD=1 (use the built release binary), DROPGATE_BIN, KEEP_TMP=1.
+#
+# SHARDS="1 3" (a list of shard counts) measures one hot SKU spread over that many Redis shards
+# (src/shards/) instead, on the cluster only, through one gateway with
+# DROPGATE_REDIS_WAIT_REPLICAS=$SHARDS_WAIT (1): per round one run per count, alternating. The
+# SKU's name is chosen so that its shards live on different masters (a shard's slot follows its
+# hash tag `{sku#i}`; with more shards than masters some share one). Per run: claims/s, p99,
+# the Redis CPU of every master (INFO cpu; replicas left out) in total and per master, the
+# gateway's CPU, each divided by the claims answered, and the transfers between shards
+# (dropgate_shard_transfers_total) per 1,000 claims. SHARD_UNITS (default: more than any run
+# sells, so every claim wins and no shard runs dry) sets the SKU's total: a smaller one makes
+# the run a drop that sells out, the case where shards borrow from each other. SHARDS_ENV
+# ("VAR=VALUE ...") is passed to that gateway, e.g. SHARDS_ENV=DROPGATE_COALESCE=0.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -98,6 +110,97 @@ declare -A URL PID NODES
 ID=$(date +%s)$$
 SECRET=$(rand_hex 24)
 ADMIN=$(rand_hex 24)
+TOKENS=$TMP/tokens.tsv
+DROPGATE_ADMISSION_SECRET=$SECRET "$DROPGATE_BIN" token --user buyer --count "$BUYERS" --ttl 86400 >"$TOKENS"
+RESULTS=$TMP/results.tsv
+: >"$RESULTS"
+
+if [[ -n ${SHARDS:-} ]]; then
+  SHARDS_WAIT=${SHARDS_WAIT:-1}
+  SHARD_UNITS=${SHARD_UNITS:-$UNITS}
+  read -r -a SHARDS_ENV_ARGS <<<"${SHARDS_ENV:-}"
+  REDIS_URL=$CLUSTER_URL start_gateway sharded "dg_cluster_${ID}_h" "cl${ID}h" \
+    DROPGATE_REDIS_WAIT_REPLICAS="$SHARDS_WAIT" "${SHARDS_ENV_ARGS[@]}"
+  GW=$GW_URL GWPID=$GW_PID
+  # The masters, and the slot ranges each serves ("start end port" lines).
+  MASTERS=() RANGES=$TMP/ranges
+  redis-cli -p "${CLUSTER_PORTS[0]}" CLUSTER NODES | tr -d '\r' | awk '
+    $3 ~ /master/ { split($2, a, "[:@]"); for (i = 9; i <= NF; i++) if ($i !~ /^\[/) {
+      n = split($i, r, "-"); print r[1], (n > 1 ? r[2] : r[1]), a[2] } }' >"$RANGES"
+  read -r -a MASTERS <<<"$(awk '{ print $3 }' "$RANGES" | sort -u | tr '\n' ' ')"
+  master_of() { # master_of KEY: the port of the master serving KEY's slot
+    local slot
+    slot=$(redis-cli -p "${CLUSTER_PORTS[0]}" CLUSTER KEYSLOT "$1" | tr -d '\r')
+    awk -v s="$slot" '$1 <= s && s <= $2 { print $3; exit }' "$RANGES"
+  }
+  # spread_sku STEM N: a SKU name whose N shards sit on min(N, masters) different masters.
+  spread_sku() {
+    local stem=$1 n=$2 want i k name
+    want=$((n < ${#MASTERS[@]} ? n : ${#MASTERS[@]}))
+    for k in $(seq 0 999); do
+      name="$stem-$k"
+      local -A seen=()
+      for ((i = 0; i < n; i++)); do
+        if ((i == 0)); then seen[$(master_of "{$name}")]=1; else seen[$(master_of "{$name#$i}")]=1; fi
+      done
+      ((${#seen[@]} == want)) && { echo "$name"; return 0; }
+      unset seen
+    done
+    die "no SKU name spreads $n shards over $want masters"
+  }
+  transfers() {
+    curl -sS -m 5 "$GW/metrics" | awk '$1 == "dropgate_shard_transfers_total" { print $2 }'
+  }
+  say "sharded runs on ${GW} (cluster masters ${MASTERS[*]}, WAIT $SHARDS_WAIT${SHARDS_ENV:+, $SHARDS_ENV}), shard counts: $SHARDS, units $SHARD_UNITS"
+  say "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  shard_run() {
+    local n=$1 round=$2 sku view units c0 c1 g0 g1 t0 t1 rc=0 per=() m
+    sku=$(spread_sku "cls$n-$round" "$n")
+    view=$(admin PUT "$GW/admin/skus/$sku" \
+      "{\"total\":$SHARD_UNITS,\"per_user_limit\":$PER_USER_LIMIT,\"shards\":$n}")
+    [[ $(jq -r .remaining <<<"$view") == "$SHARD_UNITS" ]] || die "declaring $sku: $view"
+    local -A m0=()
+    for m in "${MASTERS[@]}"; do m0[$m]=$(node_cpu "$m"); done
+    c0=$(node_cpu "${MASTERS[@]}") g0=$(proc_cpu "$GWPID") t0=$(transfers)
+    wrk_run "s$n-$round" "$GW/v1/skus/$sku/claims" "$CONNS"
+    view=$(wait_drained "$GW" "$sku" "$DRAIN_S") || rc=$?
+    ((rc == 2)) && die "the gateway stopped answering on $sku; see $TMP/*.log"
+    ((rc == 0)) || say "WARNING: the writer did not drain $sku within ${DRAIN_S}s"
+    units=$(jq -r "$SHARD_UNITS - .remaining" <<<"$view")
+    c1=$(node_cpu "${MASTERS[@]}") g1=$(proc_cpu "$GWPID") t1=$(transfers)
+    for m in "${MASTERS[@]}"; do per+=("$(sub "$(node_cpu "$m")" "${m0[$m]}")"); done
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "s$n" "$round" "$R_requests" \
+      "$R_duration_us" "$R_p99_us" "$units" "$(sub "$c1" "$c0")" "$(sub "$g1" "$g0")" \
+      "$(sub "$t1" "$t0")" "$R_non2xx" "$(
+        IFS=,
+        echo "${per[*]}"
+      )" >>"$RESULTS"
+    awk -F'\t' '{ printf "%-4s round %s: %8.0f claims/s  p99 %6.2f ms  won %d  masters cpu %.3f s (%s)  gateway cpu %.3f s  transfers %d\n",
+      $1, $2, $3 / ($4 / 1e6), $5 / 1000, $6, $7, $11, $8, $9 }' <<<"$(tail -1 "$RESULTS")" >&2
+  }
+  for round in $(seq "$ROUNDS"); do
+    for n in $SHARDS; do shard_run "$n" "$round"; done
+  done
+  say "done; per shard count (median of rounds; per claim = per request answered):"
+  awk -F'\t' '
+    { k = $1; n[k]++; r[k, n[k]] = $3 / ($4 / 1e6); p99[k, n[k]] = $5 / 1000
+      rc[k, n[k]] = $7 / $3 * 1e6; gc[k, n[k]] = $8 / $3 * 1e6; tr[k, n[k]] = $9 / $3 * 1000
+      won[k, n[k]] = $6; split($11, pm, ","); mx = 0; for (i in pm) if (pm[i] > mx) mx = pm[i]
+      busiest[k, n[k]] = mx / ($4 / 1e6) * 100 }
+    function med(a, k, m,   i, j, t, v) {
+      for (i = 1; i <= m; i++) v[i] = a[k, i]
+      for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
+      return v[int((m + 1) / 2)]
+    }
+    END {
+      base = med(r, "s1", n["s1"]); bcpu = med(rc, "s1", n["s1"])
+      for (k in n) printf "%-4s %8.0f claims/s (%.2fx s1)  p99 %6.2f ms  masters cpu %5.1f us/claim (%.2fx s1)  busiest master %3.0f%% of a core  gateway cpu %5.1f us/claim  transfers %.2f per 1000 claims  won %d  (%d runs)\n",
+        k, med(r, k, n[k]), base ? med(r, k, n[k]) / base : 0, med(p99, k, n[k]), med(rc, k, n[k]),
+        bcpu ? med(rc, k, n[k]) / bcpu : 0, med(busiest, k, n[k]), med(gc, k, n[k]), med(tr, k, n[k]), med(won, k, n[k]), n[k]
+    }' "$RESULTS"
+  exit 0
+fi
+
 REDIS_URL=redis://127.0.0.1:$SINGLE_PORT start_gateway single "dg_cluster_${ID}_s" "cl${ID}s"
 URL[single]=$GW_URL PID[single]=$GW_PID NODES[single]=$SINGLE_PORT
 REDIS_URL=$CLUSTER_URL start_gateway cluster "dg_cluster_${ID}_c" "cl${ID}c" DROPGATE_REDIS_WAIT_REPLICAS=0
@@ -107,10 +210,6 @@ URL[wait1]=$GW_URL PID[wait1]=$GW_PID NODES[wait1]="${CLUSTER_PORTS[*]}"
 say "single ${URL[single]} (redis :$SINGLE_PORT), cluster ${URL[cluster]}, wait1 ${URL[wait1]} (cluster ${CLUSTER_PORTS[*]}), $BUYERS buyers"
 say "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
-TOKENS=$TMP/tokens.tsv
-DROPGATE_ADMISSION_SECRET=$SECRET "$DROPGATE_BIN" token --user buyer --count "$BUYERS" --ttl 86400 >"$TOKENS"
-RESULTS=$TMP/results.tsv
-: >"$RESULTS"
 
 run() {
   local kind=$1 round=$2 sku="cl-$1-$2" url=${URL[$1]} view units c0 c1 g0 g1 rc=0

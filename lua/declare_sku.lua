@@ -8,6 +8,9 @@
 -- ARGV[4]  the catalog row's declare id: the seed is stamped with it, so a declare whose
 --          answer was lost recognises its own seed, and a state stamped by anyone else (a
 --          catalog that was reset, a shared prefix) is never adopted
+-- ARGV[5]  hold_ms, ARGV[6] offer_ms, ARGV[7] opens_ms, ARGV[8] closes_ms ("" for none)
+-- ARGV[9]  the state sequence a seed starts from (optional, 0): shard i of a sharded SKU
+--          starts at i << 36, so the sequences of its shards never meet (src/shards/mod.rs)
 --
 -- Returns 1 when the stock was seeded now; 0 when the state was already there (only the limit,
 -- the hold and offer times and the window changed); -1 in "update" mode when the state is missing (Redis lost it; see restore); -2 in
@@ -39,7 +42,7 @@ end
 if ARGV[1] ~= 'seed' then
   return -1
 end
-redis.call('HSET', state, 'stock', ARGV[2], 'inflight', 0, 'seq', 0, 'declare', ARGV[4])
+redis.call('HSET', state, 'stock', ARGV[2], 'inflight', 0, 'seq', ARGV[9] or 0, 'declare', ARGV[4])
 terms()
 -- The group starts at 0 so entries appended before any writer connects are still delivered.
 pcall(redis.call, 'XGROUP', 'CREATE', journal, 'writers', '0', 'MKSTREAM')

@@ -13,6 +13,10 @@
 -- ARGV[6]  hold_ms, ARGV[7] offer_ms, ARGV[8] opens_ms, ARGV[9] closes_ms ("" for none): the
 --          SKU's terms, so no claim decides on a state without them
 -- ARGV[10] the waitlist's highest join order (the caller restored the line before this call)
+-- KEYS[5]  (a shard of a sharded SKU only) the shard's transfers not yet done, dropped: the
+--          stock is rebuilt from the ledger, units in transit included
+-- ARGV[11] (with KEYS[5]) the generation stamped on the state (`gen`), so no transfer begun
+--          before this restore is ever applied to it (lua/transfer_in.lua)
 --
 -- Returns 1 when restored, 0 when a state is present (nothing changes).
 --
@@ -35,6 +39,10 @@ pcall(redis.call, 'XGROUP', 'CREATE', journal, 'writers', '0', 'MKSTREAM')
 redis.call('HSET', state, 'stock', ARGV[1], 'limit', ARGV[2], 'inflight', 0, 'seq', ARGV[3],
   'declare', ARGV[4], 'epoch', ARGV[5], 'hold_ms', ARGV[6], 'offer_ms', ARGV[7],
   'wl_order', ARGV[10])
+if KEYS[5] then
+  redis.call('DEL', KEYS[5])
+  redis.call('HSET', state, 'gen', ARGV[11], 'transfer_out', 0)
+end
 if ARGV[8] ~= '' then redis.call('HSET', state, 'opens_ms', ARGV[8]) end
 if ARGV[9] ~= '' then redis.call('HSET', state, 'closes_ms', ARGV[9]) end
 -- Units may be back: every gateway's sold-out cache forgets this SKU (src/soldout.rs).

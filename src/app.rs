@@ -20,6 +20,7 @@ use crate::live::Live;
 use crate::observe::{FailClosed, Observer};
 use crate::outbox::{OutboxStatus, Relay};
 use crate::reprocess::Reprocessor;
+use crate::shards::recovery::Recovery;
 use crate::soldout::{SoldOut, Watcher};
 use crate::store::Store;
 use crate::writer::{Writer, WriterSignal};
@@ -62,6 +63,8 @@ pub struct Application {
     upkeep: Upkeep,
     relay: Relay,
     sold_out: Watcher,
+    /// Finishes transfers between the shards of a sharded SKU that a gateway left half done.
+    transfers: Recovery,
     config: Config,
 }
 
@@ -161,6 +164,10 @@ impl Application {
             cache: sold_out,
         };
         let upkeep = Upkeep::new(store.clone(), db.clone(), crate::activity::HORIZON);
+        let transfers = Recovery {
+            store: store.clone(),
+            db: db.clone(),
+        };
         let reprocessor = Reprocessor::new(
             store,
             db,
@@ -178,6 +185,7 @@ impl Application {
             upkeep,
             relay,
             sold_out,
+            transfers,
             config,
         })
     }
@@ -210,6 +218,7 @@ impl Application {
         let observer = tokio::spawn(self.observer.run(background.clone()));
         let upkeep = tokio::spawn(self.upkeep.run(background.clone()));
         let sold_out = tokio::spawn(self.sold_out.run(background.clone()));
+        let transfers = tokio::spawn(self.transfers.run(background.clone()));
         // Stopped after the writer and the reprocessor, so its flush publishes what they
         // recorded while stopping.
         let relay_stop = CancellationToken::new();
@@ -244,6 +253,7 @@ impl Application {
             let _ = observer.await;
             let _ = upkeep.await;
             let _ = sold_out.await;
+            let _ = transfers.await;
             relay_stop.cancel();
             let _ = relay.await;
         })

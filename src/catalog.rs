@@ -68,6 +68,10 @@ pub struct Sku {
     /// Carried in every id minted for this SKU (see [`crate::ids`]).
     #[serde(skip)]
     pub tag: i32,
+    /// How many Redis shards the SKU is spread over (1: one Redis SKU, as always; see
+    /// [`crate::shards`]).
+    #[serde(skip)]
+    pub shards: i32,
 }
 
 enum Entry {
@@ -266,7 +270,7 @@ impl Catalog {
 pub async fn fetch(db: &PgPool, sku: &str) -> Result<Option<Sku>, DbError> {
     Ok(sqlx::query_as::<_, Sku>(
         "SELECT sku, total, per_user_limit, hold_seconds, seeded, redis_seq, declare_id,
-                offer_seconds, opens_at, closes_at, tag
+                offer_seconds, opens_at, closes_at, tag, shards
            FROM skus WHERE sku = $1",
     )
     .bind(sku)

@@ -21,6 +21,7 @@ use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use crate::activity;
+use crate::catalog::Sku;
 use crate::error::StoreError;
 use crate::freshness::Marks;
 use crate::ids;
@@ -28,6 +29,7 @@ use crate::keys::SkuKeys;
 use crate::metrics as m;
 use crate::scripts::{self, ClaimInput, Decision};
 use crate::settle::Settler;
+use crate::shards::borrow::{Borrower, Refill};
 use crate::soldout::SoldOut;
 use crate::store::Store;
 use crate::writer::WriterSignal;
@@ -39,6 +41,9 @@ pub const MAX_BATCH: usize = ids::CALL_CLAIMS;
 /// unknown (503 `outcome_unknown`, then settled in the background); with the call itself this
 /// bounds a claim at three Redis timeouts (750 ms by default).
 const RESOLVE_ATTEMPTS: usize = 2;
+/// Refills (each followed by a new call) a claim on a sharded SKU may wait for before it is
+/// answered sold out while units remain on some shard (others took what came).
+const BORROW_ROUNDS: usize = 3;
 
 /// What the gateway answers for a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,6 +104,8 @@ pub struct ClaimService {
     marks: Arc<Marks>,
     /// SKUs Redis said are sold out: refused from memory (the fast path, `soldout.rs`).
     sold_out: Arc<SoldOut>,
+    /// Refills of the shards of sharded SKUs, one at a time per shard ([`crate::shards`]).
+    borrower: Borrower,
 }
 
 impl ClaimService {
@@ -119,6 +126,7 @@ impl ClaimService {
             writer,
             marks,
             sold_out,
+            borrower: Borrower::default(),
         }
     }
 
@@ -126,8 +134,12 @@ impl ClaimService {
         self.settler.clone()
     }
 
-    /// Decides one claim. `mark` is the SKU's high-water mark as the catalog last read it;
-    /// `tag` its catalog tag, carried in the claim id (see [`crate::ids`]).
+    /// Decides one claim on the SKU `entry` (its catalog row as last read: the high-water
+    /// mark, the tag carried in the claim id (see [`crate::ids`]), the shard count).
+    ///
+    /// On a sharded SKU the claim goes to its buyer's shard ([`crate::shards`]); a sold out
+    /// there borrows units from a sibling and decides again (a new call), and is answered only
+    /// when every shard is dry and no transfer is in flight, or after [`BORROW_ROUNDS`].
     ///
     /// # Errors
     /// A [`StoreError`] when Redis did not decide. [`StoreError::OutcomeUnknown`] when the call
@@ -135,15 +147,25 @@ impl ClaimService {
     /// Any other error is a promise that no stock moved for this claim id.
     pub async fn claim(
         &self,
-        sku: &str,
-        mark: i64,
-        tag: i32,
+        entry: &Sku,
         user: &str,
         quantity: u32,
         idempotency_key: Option<String>,
     ) -> Result<Outcome, StoreError> {
         let started = Instant::now();
-        self.marks.observe(sku, mark);
+        let sku = entry.sku.as_str();
+        let shard = crate::shards::shard_of_user(user, entry.shards);
+        // Shard 0 is the SKU itself: a SKU of one shard names nothing new.
+        let shard_name;
+        let name = if shard == 0 {
+            sku
+        } else {
+            shard_name = crate::keys::shard_name(sku, shard);
+            shard_name.as_str()
+        };
+        // Shard i >= 1 keeps its mark apart (src/shards/marks.rs); the refresher reads it.
+        self.marks
+            .observe(name, if shard == 0 { entry.redis_seq } else { 0 });
         // The sold-out fast path. A keyed claim may be the replay of a win: it asks Redis.
         if idempotency_key.is_none() && self.sold_out.refuses(sku) {
             m::fast_refusal();
@@ -158,29 +180,39 @@ impl ClaimService {
             quantity,
             idempotency_key,
         };
-        let decided = if self.coalesce {
-            self.decide_coalesced(sku, tag, input).await
-        } else {
-            let keys = self.store.keys(sku);
-            let floor = self.marks.floor(sku);
-            let call = ids::mint_call(tag);
-            let mut d = decide_batch(
-                &self.store,
-                sku,
-                &keys,
-                &call,
-                std::slice::from_ref(&input),
-                floor,
-            )
-            .await;
-            d.pop()
-                .unwrap_or_else(|| Err(StoreError::Protocol("empty claim reply".into())))
-                .map(|d| (ids::claim_in(&call, 0), d))
-        };
+        // Kept for a retry only where one can happen: a SKU of one shard copies nothing.
+        let again = (entry.shards > 1).then(|| input.clone());
+        let mut decided = self.decide(name, entry.tag, input).await;
+        if let Some(input) = again {
+            let mut rounds = 0;
+            while let Ok((_, Decision::SoldOut { .. })) = decided {
+                if rounds == BORROW_ROUNDS {
+                    break;
+                }
+                rounds += 1;
+                let refill = self
+                    .borrower
+                    .refill(&self.store, sku, entry.shards, shard, i64::from(quantity))
+                    .await;
+                match refill {
+                    Ok(Refill::Moved) => {
+                        decided = self.decide(name, entry.tag, input.clone()).await;
+                    }
+                    Ok(Refill::Dry) => {
+                        self.sold_out.learn(sku, entry.shards, ticket);
+                        break;
+                    }
+                    Ok(Refill::Short) => break,
+                    // The claim decided sold out and moved nothing; a shard failing closed or
+                    // unreachable means the SKU cannot be said sold out either.
+                    Err(e) => return Err(definite(&e)),
+                }
+            }
+        }
         let (claim_id, decision) = match decided {
             Ok(d) => d,
             Err(StoreError::OutcomeUnknown(id)) => {
-                self.settler.hand_over(sku, id, user, quantity);
+                self.settler.hand_over(name, id, user, quantity);
                 return Err(StoreError::OutcomeUnknown(id));
             }
             Err(e) => return Err(e),
@@ -190,7 +222,7 @@ impl ClaimService {
                 remaining,
                 expires_ms,
             } => {
-                self.writer.won(sku);
+                self.writer.won(name);
                 if expires_ms.is_some() {
                     crate::lifecycle::expiry::count_decision("created");
                 }
@@ -216,8 +248,9 @@ impl ClaimService {
             Decision::NotOpen => Outcome::NotOpen,
             Decision::Closed => Outcome::Closed,
             Decision::SoldOut { remaining } => {
-                if remaining == 0 {
-                    self.sold_out.learn(sku, ticket);
+                // A sharded SKU is known sold out only by a refill that found every shard dry.
+                if remaining == 0 && entry.shards <= 1 {
+                    self.sold_out.learn(sku, 1, ticket);
                 }
                 Outcome::SoldOut
             }
@@ -231,6 +264,28 @@ impl ClaimService {
         };
         m::claim_decided(&outcome, started.elapsed());
         Ok(outcome)
+    }
+
+    /// One decision of `input` on the Redis SKU `name` (a SKU, or one shard of one).
+    async fn decide(&self, name: &str, tag: i32, input: ClaimInput) -> Answer {
+        if self.coalesce {
+            return self.decide_coalesced(name, tag, input).await;
+        }
+        let keys = self.store.keys(name);
+        let floor = self.marks.floor(name);
+        let call = ids::mint_call(tag);
+        let mut d = decide_batch(
+            &self.store,
+            name,
+            &keys,
+            &call,
+            std::slice::from_ref(&input),
+            floor,
+        )
+        .await;
+        d.pop()
+            .unwrap_or_else(|| Err(StoreError::Protocol("empty claim reply".into())))
+            .map(|d| (ids::claim_in(&call, 0), d))
     }
 
     async fn decide_coalesced(&self, sku: &str, tag: i32, input: ClaimInput) -> Answer {

@@ -73,22 +73,41 @@ pub async fn record_batch(
     written: &[(i64, uuid::Uuid)],
     lifecycle_seq: Option<i64>,
 ) -> Result<i64, DbError> {
+    // `sku` is a Redis name: a shard of a sharded SKU keeps its mark apart (its sequences
+    // are its own, src/shards/mod.rs), and its rows carry the catalog SKU.
+    let (catalog_sku, shard) = crate::keys::split_shard(sku);
     let (seqs, ids): (Vec<i64>, Vec<uuid::Uuid>) = written.iter().copied().unzip();
-    let (clashes, mark): (i64, i64) = sqlx::query_as(
-        "WITH batch AS (SELECT * FROM UNNEST($2::int8[], $3::uuid[]) AS t(seq, claim_id)),
-              mark AS (UPDATE skus SET redis_seq = GREATEST(redis_seq, (SELECT max(seq) FROM batch),
-                                                            $4::int8)
-                        WHERE sku = $1 RETURNING redis_seq)
-         SELECT (SELECT count(*) FROM issuances i JOIN batch b
-                   ON i.sku = $1 AND i.seq = b.seq AND i.claim_id <> b.claim_id),
-                COALESCE((SELECT redis_seq FROM mark), 0)",
-    )
-    .bind(sku)
-    .bind(&seqs)
-    .bind(&ids)
-    .bind(lifecycle_seq)
-    .fetch_one(db)
-    .await?;
+    let (clashes, mark): (i64, i64) = if shard == 0 {
+        sqlx::query_as(
+            "WITH batch AS (SELECT * FROM UNNEST($2::int8[], $3::uuid[]) AS t(seq, claim_id)),
+                  mark AS (UPDATE skus SET redis_seq = GREATEST(redis_seq, (SELECT max(seq) FROM batch),
+                                                                $4::int8)
+                            WHERE sku = $1 RETURNING redis_seq)
+             SELECT (SELECT count(*) FROM issuances i JOIN batch b
+                       ON i.sku = $1 AND i.seq = b.seq AND i.claim_id <> b.claim_id),
+                    COALESCE((SELECT redis_seq FROM mark), 0)",
+        )
+        .bind(catalog_sku)
+        .bind(&seqs)
+        .bind(&ids)
+        .bind(lifecycle_seq)
+        .fetch_one(db)
+        .await?
+    } else {
+        let top = seqs.iter().copied().chain(lifecycle_seq).max().unwrap_or(0);
+        let mark = crate::shards::marks::raise(db, sku, top).await?;
+        let clashes: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM issuances i
+               JOIN UNNEST($2::int8[], $3::uuid[]) AS b(seq, claim_id)
+                 ON i.sku = $1 AND i.seq = b.seq AND i.claim_id <> b.claim_id",
+        )
+        .bind(catalog_sku)
+        .bind(&seqs)
+        .bind(&ids)
+        .fetch_one(db)
+        .await?;
+        (clashes, mark)
+    };
     marks.observe(sku, mark);
     if clashes > 0 {
         close_stale(store, sku, "a state sequence was used twice").await;
@@ -148,12 +167,8 @@ impl Refresher {
         if skus.is_empty() {
             return Ok(());
         }
-        let rows: Vec<(String, i64)> =
-            sqlx::query_as("SELECT sku, redis_seq FROM skus WHERE sku = ANY($1)")
-                .bind(&skus)
-                .fetch_all(&self.db)
-                .await
-                .map_err(DbError::from)?;
+        // Shards of sharded SKUs among them keep their marks apart (src/shards/marks.rs).
+        let rows = crate::shards::marks::read(&self.db, &skus).await?;
         for (sku, mark) in rows {
             self.marks.observe(&sku, mark);
             let keys = self.store.keys(&sku);

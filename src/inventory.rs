@@ -146,6 +146,9 @@ pub struct SkuTerms {
     pub offer_seconds: i32,
     pub opens_at: Option<chrono::DateTime<chrono::Utc>>,
     pub closes_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Redis shards (1..=16, see [`crate::shards`]); fixed at the first declare: another count
+    /// later is refused like another total.
+    pub shards: i32,
 }
 
 /// Declares a SKU, seeding its stock in Redis only if absent.
@@ -168,8 +171,8 @@ pub async fn declare(
     let _lock = SkuLock::acquire(db, sku).await?;
     let inserted = sqlx::query(
         "INSERT INTO skus (sku, total, per_user_limit, hold_seconds, offer_seconds, opens_at,
-                           closes_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)
+                           closes_at, shards)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
          ON CONFLICT (sku) DO NOTHING",
     )
     .bind(sku)
@@ -179,6 +182,7 @@ pub async fn declare(
     .bind(terms.offer_seconds)
     .bind(terms.opens_at)
     .bind(terms.closes_at)
+    .bind(terms.shards)
     .execute(db)
     .await?
     .rows_affected()
@@ -187,7 +191,7 @@ pub async fn declare(
         .await?
         .ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
     if !inserted {
-        if row.total != total {
+        if row.total != total || row.shards != terms.shards {
             return Err(InventoryError::Refused(Refusal::SkuExists));
         }
         sqlx::query(
@@ -208,20 +212,37 @@ pub async fn declare(
         .await?
         .ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
     let seed = !row.seeded && row.redis_seq == 0 && !ledger_has_claims(db, sku).await?;
-    let keys = store.keys(sku);
     let mut con = store.hot();
-    // A lost answer is safe to send again: the seed is stamped with the row's declare id, so
-    // a second send finds its own seed and changes nothing.
-    let declared = store
-        .bounded(scripts::declare_sku(
-            &mut con,
-            &keys,
-            seed,
-            total,
-            &scripts::Terms::of(&row),
-            &row.declare_id,
-        ))
-        .await?;
+    // Each shard is seeded (or updated) as a SKU of its own: the total split evenly, the
+    // remainder to the lowest shards, each shard's sequence in its own range. One shard found
+    // holding a state stamped by another declare refuses the whole declare.
+    let mut declared = Declared::Seeded;
+    let parts = crate::shards::split_total(total, row.shards);
+    for (i, part) in parts.into_iter().enumerate() {
+        let shard = i as u16;
+        let keys = store.keys(&crate::keys::shard_name(sku, shard));
+        // A lost answer is safe to send again: the seed is stamped with the row's declare id,
+        // so a second send finds its own seed and changes nothing.
+        let one = store
+            .bounded(scripts::declare_shard(
+                &mut con,
+                &keys,
+                seed,
+                part,
+                &scripts::Terms::of(&row),
+                &row.declare_id,
+                crate::shards::seq_base(shard),
+            ))
+            .await?;
+        declared = match (declared, one) {
+            (Declared::Foreign, _) | (_, Declared::Foreign) => Declared::Foreign,
+            (Declared::Lost, _) | (_, Declared::Lost) => Declared::Lost,
+            (Declared::AlreadyPresent, _) | (_, Declared::AlreadyPresent) => {
+                Declared::AlreadyPresent
+            }
+            _ => Declared::Seeded,
+        };
+    }
     match declared {
         Declared::Seeded | Declared::AlreadyPresent => {
             if !row.seeded {

@@ -1,5 +1,33 @@
 //! Redis key names. Every key of a SKU carries the SKU's hash tag, `{<sku>}`, so all of a
 //! SKU's keys live in one Cluster slot and one script may touch them together.
+//!
+//! What is named here is a *Redis SKU*: a catalog SKU of one shard, or one shard of a sharded
+//! SKU ([`crate::shards`]). Shard 0 is the SKU's own name; shard i >= 1 is `<sku>#<i>`
+//! ([`shard_name`]), so its keys carry the tag `{<sku>#<i>}` and live in a slot of their own.
+//! SKU ids match `^[A-Za-z0-9._-]{1,64}$`, so `#` never occurs in one and [`split_shard`]
+//! always finds the catalog SKU back. Everything below works on Redis names; only the writer
+//! (the rows' `sku` column), the accounting and the HTTP layer turn them back into SKUs.
+
+/// The Redis name of shard `shard` of `sku`: the SKU itself for shard 0, `<sku>#<shard>`
+/// otherwise.
+pub fn shard_name(sku: &str, shard: u16) -> String {
+    if shard == 0 {
+        sku.to_string()
+    } else {
+        format!("{sku}#{shard}")
+    }
+}
+
+/// The catalog SKU and the shard of a Redis name (the inverse of [`shard_name`]).
+pub fn split_shard(name: &str) -> (&str, u16) {
+    match name.rsplit_once('#') {
+        Some((sku, n)) => match n.parse() {
+            Ok(shard) => (sku, shard),
+            Err(_) => (name, 0),
+        },
+        None => (name, 0),
+    }
+}
 
 /// Width of a call-records bucket.
 const CLAIM_BUCKET_MS: u64 = 10 * 60 * 1000;
@@ -137,6 +165,18 @@ impl SkuKeys {
         ]
     }
 
+    /// A donor shard's transfers not yet finished: transfer id to
+    /// `units|recipient shard|generation|created_ms` (see `lua/transfer_out.lua`).
+    pub fn transfers(&self) -> String {
+        format!("{}xfer:out", self.head)
+    }
+
+    /// A recipient shard's record that the transfer `id` was applied here (so it adds its
+    /// units once), kept for [`crate::shards::TRANSFER_RECORD_TTL_SECS`].
+    pub fn transfer_in(&self, id: &uuid::Uuid) -> String {
+        format!("{}xfer:in:{}", self.head, id.simple())
+    }
+
     /// Marker that a claim's units were given back, so compensation happens once.
     pub fn compensation(&self, claim_id: &uuid::Uuid) -> String {
         format!("{}comp:{}", self.head, claim_id.simple())
@@ -161,6 +201,8 @@ mod tests {
             k.compensation(&id),
             k.restock_op(&id),
             k.expiry_lease(),
+            k.transfers(),
+            k.transfer_in(&id),
         ]
         .into_iter()
         .chain(k.lifecycle())
@@ -177,6 +219,17 @@ mod tests {
         assert_eq!(SkuKeys::sku_of_state("dgx:{", &k.state()), None);
         assert_eq!(units_back_channel("dg"), "dg:units-back");
         assert_eq!(active_skus("dg"), "dg:active");
+    }
+
+    #[test]
+    fn a_shard_has_its_own_hash_tag_and_names_its_sku_back() {
+        assert_eq!(shard_name("drop-1", 0), "drop-1");
+        assert_eq!(shard_name("drop-1", 3), "drop-1#3");
+        assert_eq!(split_shard("drop-1#3"), ("drop-1", 3));
+        assert_eq!(split_shard("drop-1"), ("drop-1", 0));
+        let k = SkuKeys::new("dg", &shard_name("drop-1", 3));
+        assert!(k.state().starts_with("dg:{drop-1#3}:"));
+        assert_eq!(SkuKeys::sku_of_state("dg:{", &k.state()), Some("drop-1#3"));
     }
 
     #[test]

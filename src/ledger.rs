@@ -131,8 +131,17 @@ pub struct SkuView {
     /// Waitlist entries waiting, and holding an offer.
     pub waiting: i64,
     pub offered: i64,
-    /// `total == remaining + recorded + in_flight + pending + quarantined`.
+    /// `total == remaining + recorded + in_flight + pending + quarantined` (+ `in_transit` on
+    /// a SKU of several shards).
     pub consistent: bool,
+    /// A SKU of several shards only ([`crate::shards`]): units a donor shard took out whose
+    /// recipient has not added them yet (`remaining` and `in_flight` are the shards' sums).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_transit: Option<i64>,
+    /// A SKU of several shards only: each shard's stock, in-flight units and units it took out
+    /// for transfers it has not forgotten yet.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shards: Option<Vec<crate::shards::view::ShardView>>,
 }
 
 /// Ledger sums of one SKU, in units. Each claim counts in one sum at most:
@@ -200,23 +209,41 @@ pub async fn view(store: &Store, catalog: &Catalog, sku: &str) -> Result<SkuView
     let keys = store.keys(sku);
     let mut last = None;
     for _ in 0..5 {
-        let mut con = store.hot();
-        let redis_side: Option<(Option<i64>, Option<i64>)> = store
-            .bounded(async {
-                Ok(redis::cmd("HMGET")
-                    .arg(keys.state())
-                    .arg("stock")
-                    .arg("inflight")
-                    .query_async(&mut con)
-                    .await?)
-            })
-            .await
-            .ok();
-        let (remaining, in_flight) = redis_side.unwrap_or((None, None));
+        let mut in_transit = None;
+        let mut shards = None;
+        let (remaining, in_flight) = if row.shards > 1 {
+            match crate::shards::view::read(store, sku, row.shards).await {
+                Some(side) => {
+                    in_transit = Some(side.in_transit);
+                    shards = Some(side.shards);
+                    (Some(side.remaining), Some(side.in_flight))
+                }
+                None => (None, None),
+            }
+        } else {
+            let mut con = store.hot();
+            let redis_side: Option<(Option<i64>, Option<i64>)> = store
+                .bounded(async {
+                    Ok(redis::cmd("HMGET")
+                        .arg(keys.state())
+                        .arg("stock")
+                        .arg("inflight")
+                        .query_async(&mut con)
+                        .await?)
+                })
+                .await
+                .ok();
+            redis_side.unwrap_or((None, None))
+        };
         let sums = ledger_sums(db, sku).await?;
         let consistent = match (remaining, in_flight) {
             (Some(r), Some(f)) => {
-                row.total == r + sums.recorded + f + sums.pending + sums.quarantined
+                row.total
+                    == r + sums.recorded
+                        + f
+                        + sums.pending
+                        + sums.quarantined
+                        + in_transit.unwrap_or(0)
             }
             _ => false,
         };
@@ -236,6 +263,8 @@ pub async fn view(store: &Store, catalog: &Catalog, sku: &str) -> Result<SkuView
             waiting: sums.waiting,
             offered: sums.offered,
             consistent,
+            in_transit,
+            shards,
         };
         if consistent || remaining.is_none() {
             return Ok(v);

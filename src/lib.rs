@@ -50,6 +50,11 @@
 //!   bounded cost per round, and each SKU's fail-closed transitions logged once.
 //! - [`live`]: the live drop page's data (`/admin/live`, served by `http/live.rs`): per-SKU
 //!   claim counts of this gateway, rates, p99, journal lag, the SKU view, once a second.
+//! - [`shards`]: one hot SKU spread over several Redis SKUs (`sku`, `sku#1`, ...): buyers
+//!   routed by a stable hash of the user id, units borrowed between shards by fenced
+//!   transfers (`shards/transfer.rs`, `shards/borrow.rs`), transfers left half done finished
+//!   by a task in every gateway (`shards/recovery.rs`), the shards summed for the SKU view
+//!   (`shards/view.rs`), each shard's high-water mark (`shards/marks.rs`).
 //! - [`config`], [`db`] (the ledger's pool and the request path's, kept apart), [`metrics`],
 //!   [`app`] (build, bind, run), [`cli`] (subcommands).
 //!
@@ -101,6 +106,7 @@ pub mod reprocess;
 pub mod restore;
 pub mod scripts;
 pub mod settle;
+pub mod shards;
 pub mod soldout;
 pub mod store;
 pub mod writer;

@@ -45,6 +45,7 @@ pub const FAST_REFUSALS: &str = "dropgate_claim_fast_refusals_total";
 pub const SOLD_OUT_RECHECKS: &str = "dropgate_sold_out_rechecks_total";
 pub const UNCERTAIN_OUTCOMES: &str = "dropgate_uncertain_outcomes_total";
 pub const WAIT_SHORT: &str = "dropgate_redis_wait_short_total";
+pub const SHARD_TRANSFERS: &str = "dropgate_shard_transfers_total";
 pub const JOURNAL_LAG: &str = "dropgate_journal_lag_seconds";
 pub const WRITER_BATCH_ROWS: &str = "dropgate_writer_batch_rows";
 pub const WRITER_BATCH_SECONDS: &str = "dropgate_writer_batch_seconds";
@@ -174,6 +175,11 @@ fn register() {
         "Decisions with wins that fewer replicas than DROPGATE_REDIS_WAIT_REPLICAS acknowledged in time (answered outcome_unknown, then settled by reading)"
     );
     counter!(WAIT_SHORT).increment(0);
+    describe_counter!(
+        SHARD_TRANSFERS,
+        "Transfers of units between two shards of a sharded SKU (begun: transfer_out.lua took units)"
+    );
+    counter!(SHARD_TRANSFERS).increment(0);
     describe_histogram!(
         JOURNAL_LAG,
         "Time from Redis deciding a winner to its row committed in PostgreSQL, in seconds"
@@ -342,6 +348,10 @@ pub fn sold_out_rechecks(skus: usize) {
 
 pub fn coalesced_batch(size: usize) {
     histogram!(COALESCED_BATCH).record(size as f64);
+}
+
+pub fn shard_transfer() {
+    counter!(SHARD_TRANSFERS).increment(1);
 }
 
 pub fn wait_short() {

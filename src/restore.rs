@@ -50,42 +50,64 @@ pub async fn restore(
     let row = catalog::fetch(db, sku)
         .await?
         .ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
-    let keys = store.keys(sku);
+    // Every shard of the SKU is rebuilt together (one shard for most SKUs: src/shards/).
+    let names = crate::shards::names(sku, row.shards);
+    let keys: Vec<SkuKeys> = names.iter().map(|n| store.keys(n)).collect();
+    for name in names.iter().skip(1) {
+        crate::activity::mark(store, name).await;
+    }
     let mut con = store.hot();
-    let (stock, seq, stale): (Option<i64>, Option<i64>, Option<String>) = store
-        .bounded(async {
-            Ok(redis::cmd("HMGET")
-                .arg(keys.state())
-                .arg("stock")
-                .arg("seq")
-                .arg("stale")
-                .query_async(&mut con)
-                .await?)
-        })
-        .await?;
-    let present = stock.is_some();
-    if present && stale.is_none() && !force {
+    let mut seqs = Vec::with_capacity(keys.len());
+    let (mut present, mut missing, mut stale) = (false, false, None::<String>);
+    for k in &keys {
+        let (stock, seq, why): (Option<i64>, Option<i64>, Option<String>) = store
+            .bounded(async {
+                Ok(redis::cmd("HMGET")
+                    .arg(k.state())
+                    .arg("stock")
+                    .arg("seq")
+                    .arg("stale")
+                    .query_async(&mut con)
+                    .await?)
+            })
+            .await?;
+        present |= stock.is_some();
+        missing |= stock.is_none();
+        stale = stale.or(why);
+        seqs.push(seq.unwrap_or(0));
+    }
+    // A SKU with a shard lost fails closed as a whole: like a lost SKU, it needs no force.
+    if present && !missing && stale.is_none() && !force {
         return Err(InventoryError::Refused(Refusal::StatePresent));
     }
     let epoch = lock.epoch().await?;
     // Close the SKU first (claims fail closed), so the ledger stops moving under us; a state a
     // newer operator action touched means this restore's lock is gone.
-    if !store
-        .bounded(scripts::close_sku(&mut con, &keys, epoch))
-        .await?
-    {
-        return Err(StoreError::Unavailable("a newer operator action holds the SKU".into()).into());
+    for k in &keys {
+        if !store
+            .bounded(scripts::close_sku(&mut con, k, epoch))
+            .await?
+        {
+            return Err(
+                StoreError::Unavailable("a newer operator action holds the SKU".into()).into(),
+            );
+        }
     }
     // Winners decided before the close must be in the ledger before it is read, or their units
     // would be counted nowhere (and sold again).
-    wait_for_empty_journal(store, &keys).await?;
-    let mark: i64 = sqlx::query_scalar("SELECT redis_seq FROM skus WHERE sku = $1")
-        .bind(sku)
-        .fetch_one(db)
-        .await?;
-    // Above every sequence either store has seen, so no gateway's mark is ahead of it.
-    let new_seq = mark.max(seq.unwrap_or(0)) + 1;
-    let staged = keys.users_restore(&uuid::Uuid::new_v4());
+    for k in &keys {
+        wait_for_empty_journal(store, k).await?;
+    }
+    // Above every sequence either store has seen, so no gateway's mark is ahead of it; each
+    // shard in its own range.
+    let mut new_seqs = Vec::with_capacity(keys.len());
+    for (i, name) in names.iter().enumerate() {
+        let mark = crate::shards::marks::of(db, name).await?;
+        let base = crate::shards::seq_base(i as u16);
+        new_seqs.push(mark.max(seqs[i]).max(base) + 1);
+    }
+    let restore_id = uuid::Uuid::new_v4();
+    let staged: Vec<String> = keys.iter().map(|k| k.users_restore(&restore_id)).collect();
     let (units, users) = stage_live_claims(store, &mut con, &keys, &staged, db, sku).await?;
     let wl_order = crate::lifecycle::restore::stage(store, &mut con, &keys, db, sku).await?;
     let terms = scripts::Terms::of(&row);
@@ -110,41 +132,56 @@ pub async fn restore(
         );
         stock = 0;
     }
-    let applied: i64 = store
-        .bounded(async {
-            Ok(SCRIPTS
-                .restore_sku
-                .key(keys.state())
-                .key(keys.users())
-                .key(keys.journal())
-                .key(&staged)
-                .arg(stock)
-                .arg(row.per_user_limit)
-                .arg(new_seq)
-                .arg(row.declare_id.to_string())
-                .arg(epoch)
-                .arg(terms.hold_ms)
-                .arg(terms.offer_ms)
-                .arg(terms.opens_ms.map_or(String::new(), |v| v.to_string()))
-                .arg(terms.closes_ms.map_or(String::new(), |v| v.to_string()))
-                .arg(wl_order)
-                .invoke_async(&mut con)
-                .await?)
-        })
-        .await?;
-    if applied != 1 {
-        // Another restore (whose lock this one's replaced) rebuilt it first, from the same
-        // ledger: drop what this one staged.
-        let _ = store
-            .bounded(async {
-                Ok(redis::cmd("DEL")
-                    .arg(&staged)
-                    .query_async::<()>(&mut con)
-                    .await?)
-            })
-            .await;
-        return Err(InventoryError::Refused(Refusal::StatePresent));
+    // The remaining stock all on shard 0, rebuilt last: the others (stock 0) first, so no
+    // shard opens with units while a sibling is still closed.
+    let sharded = keys.len() > 1;
+    for i in (0..keys.len()).rev() {
+        let k = &keys[i];
+        let mut inv = SCRIPTS.restore_sku.prepare_invoke();
+        inv.key(k.state())
+            .key(k.users())
+            .key(k.journal())
+            .key(&staged[i]);
+        if sharded {
+            inv.key(k.transfers());
+        }
+        inv.arg(if i == 0 { stock } else { 0 })
+            .arg(row.per_user_limit)
+            .arg(new_seqs[i])
+            .arg(row.declare_id.to_string())
+            .arg(epoch)
+            .arg(terms.hold_ms)
+            .arg(terms.offer_ms)
+            .arg(terms.opens_ms.map_or(String::new(), |v| v.to_string()))
+            .arg(terms.closes_ms.map_or(String::new(), |v| v.to_string()))
+            .arg(if i == 0 { wl_order } else { 0 });
+        if sharded {
+            // The generation: no transfer begun before this restore applies to its states.
+            inv.arg(epoch);
+        }
+        let applied: i64 = store
+            .bounded(async { Ok(inv.invoke_async(&mut con).await?) })
+            .await?;
+        if applied != 1 {
+            // Another restore (whose lock this one's replaced) rebuilt it first, from the
+            // same ledger: drop what this one staged.
+            for key in &staged {
+                let _ = store
+                    .bounded(async {
+                        Ok(redis::cmd("DEL")
+                            .arg(key)
+                            .query_async::<()>(&mut con)
+                            .await?)
+                    })
+                    .await;
+            }
+            return Err(InventoryError::Refused(Refusal::StatePresent));
+        }
     }
+    for (name, seq) in names.iter().zip(&new_seqs).skip(1) {
+        crate::shards::marks::raise(db, name, *seq).await?;
+    }
+    let new_seq = new_seqs[0];
     sqlx::query(
         "UPDATE skus SET seeded = true, redis_seq = GREATEST(redis_seq, $2) WHERE sku = $1",
     )
@@ -184,8 +221,8 @@ struct LiveClaim {
 async fn stage_live_claims(
     store: &Store,
     con: &mut RedisConn,
-    keys: &SkuKeys,
-    staged: &str,
+    keys: &[SkuKeys],
+    staged: &[String],
     db: &sqlx::PgPool,
     sku: &str,
 ) -> Result<(i64, usize), InventoryError> {
@@ -208,77 +245,126 @@ async fn stage_live_claims(
     )
     .bind(sku)
     .fetch(db);
+    let shards = keys.len() as i32;
+    // Each buyer's count and records go to the buyer's shard, each shard's in pipelines of
+    // its own (a pipeline reaches one slot's node on a cluster).
+    let shard_of = |user: &str| usize::from(crate::shards::shard_of_user(user, shards));
     let mut held: HashMap<String, i64> = HashMap::new();
     let mut units = 0i64;
-    let mut pipe = redis::pipe();
-    let mut queued = 0usize;
+    let mut pipes = ShardPipes::new(keys.len());
     let mut parked = Vec::new();
     while let Some(c) = rows.try_next().await.map_err(crate::error::DbError::from)? {
         if c.parked {
             parked.push(c);
             continue;
         }
-        count(c, &mut units, &mut held, &mut pipe, &mut queued, keys);
-        if queued >= CHUNK {
-            flush(store, con, &mut pipe).await?;
-            queued = 0;
-        }
+        count(c, &mut units, &mut held, &mut pipes, keys, &shard_of);
+        pipes.flush_full(store, con).await?;
     }
     drop(rows);
     // A parked claim whose units a reprocessor already gave back (to the state this restore
     // closed) holds none, whatever its row says yet: its compensation marker tells.
     for c in parked {
+        let home = &keys[shard_of(c.user_id.as_deref().unwrap_or(""))];
         let marker: Option<String> = store
             .bounded(async {
                 Ok(redis::cmd("GET")
-                    .arg(keys.compensation(&c.claim_id))
+                    .arg(home.compensation(&c.claim_id))
                     .query_async(&mut *con)
                     .await?)
             })
             .await?;
         if marker.as_deref() != Some("compensated") {
-            count(c, &mut units, &mut held, &mut pipe, &mut queued, keys);
+            count(c, &mut units, &mut held, &mut pipes, keys, &shard_of);
         }
     }
-    flush(store, con, &mut pipe).await?;
-    for (i, (user, n)) in held.iter().enumerate() {
-        pipe.hset(staged, user, *n).ignore();
-        if (i + 1) % CHUNK == 0 {
-            flush(store, con, &mut pipe).await?;
-        }
+    pipes.flush_all(store, con).await?;
+    for (user, n) in &held {
+        let shard = shard_of(user);
+        pipes.add(shard).hset(&staged[shard], user, *n).ignore();
+        pipes.flush_full(store, con).await?;
     }
-    flush(store, con, &mut pipe).await?;
+    pipes.flush_all(store, con).await?;
     Ok((units, held.len()))
 }
 
-/// Counts one live claim's units (and its buyer's), and queues its idempotency record.
+/// One pipeline per shard, each flushed once it holds [`CHUNK`] commands.
+pub(crate) struct ShardPipes {
+    pipes: Vec<redis::Pipeline>,
+    queued: Vec<usize>,
+}
+
+impl ShardPipes {
+    pub(crate) fn new(shards: usize) -> Self {
+        ShardPipes {
+            pipes: (0..shards).map(|_| redis::pipe()).collect(),
+            queued: vec![0; shards],
+        }
+    }
+
+    /// The pipeline of `shard`, counting one more command on it.
+    pub(crate) fn add(&mut self, shard: usize) -> &mut redis::Pipeline {
+        self.queued[shard] += 1;
+        &mut self.pipes[shard]
+    }
+
+    pub(crate) async fn flush_full(
+        &mut self,
+        store: &Store,
+        con: &mut RedisConn,
+    ) -> Result<(), StoreError> {
+        for (pipe, queued) in self.pipes.iter_mut().zip(&mut self.queued) {
+            if *queued >= CHUNK {
+                flush(store, con, pipe).await?;
+                *queued = 0;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn flush_all(
+        &mut self,
+        store: &Store,
+        con: &mut RedisConn,
+    ) -> Result<(), StoreError> {
+        for (pipe, queued) in self.pipes.iter_mut().zip(&mut self.queued) {
+            flush(store, con, pipe).await?;
+            *queued = 0;
+        }
+        Ok(())
+    }
+}
+
+/// Counts one live claim's units (and its buyer's), and queues its idempotency record on its
+/// buyer's shard.
 fn count(
     c: LiveClaim,
     units: &mut i64,
     held: &mut HashMap<String, i64>,
-    pipe: &mut redis::Pipeline,
-    queued: &mut usize,
-    keys: &SkuKeys,
+    pipes: &mut ShardPipes,
+    keys: &[SkuKeys],
+    shard_of: &impl Fn(&str) -> usize,
 ) {
-    {
-        *units += c.quantity;
-        let Some(user_id) = c.user_id else { return };
-        *held.entry(user_id.clone()).or_default() += c.quantity;
-        if let Some(k) = c.idempotency_key {
-            let key = keys.idempotency(&user_id, &k);
-            let record = ClaimRecord {
-                claim_id: c.claim_id,
-                quantity: c.quantity as u32,
-                created_ms: c.created_at.timestamp_millis(),
-                remaining: c.remaining_after.unwrap_or(0),
-                seq: c.seq.unwrap_or(0),
-                user: user_id,
-                idempotency_key: Some(k),
-                expires_ms: None,
-            };
-            pipe.set_ex(key, record.render(), RECORD_TTL_SECS).ignore();
-            *queued += 1;
-        }
+    *units += c.quantity;
+    let Some(user_id) = c.user_id else { return };
+    *held.entry(user_id.clone()).or_default() += c.quantity;
+    if let Some(k) = c.idempotency_key {
+        let shard = shard_of(&user_id);
+        let key = keys[shard].idempotency(&user_id, &k);
+        let record = ClaimRecord {
+            claim_id: c.claim_id,
+            quantity: c.quantity as u32,
+            created_ms: c.created_at.timestamp_millis(),
+            remaining: c.remaining_after.unwrap_or(0),
+            seq: c.seq.unwrap_or(0),
+            user: user_id,
+            idempotency_key: Some(k),
+            expires_ms: None,
+        };
+        pipes
+            .add(shard)
+            .set_ex(key, record.render(), RECORD_TTL_SECS)
+            .ignore();
     }
 }
 

@@ -82,7 +82,7 @@ pub async fn load_all<C: ConnectionLike>(con: &mut C) -> Result<(), StoreError> 
     ] {
         script.prepare_invoke().load_async(con).await?;
     }
-    Ok(())
+    crate::shards::transfer::load_all(con).await
 }
 
 /// One claim to decide. Its id is its call's (see [`crate::ids::claim_in`]): minted when the
@@ -372,6 +372,23 @@ pub async fn declare_sku<C: ConnectionLike>(
     terms: &Terms,
     declare_id: &Uuid,
 ) -> Result<Declared, StoreError> {
+    declare_shard(con, keys, seed, total, terms, declare_id, 0).await
+}
+
+/// [`declare_sku`] for one shard of a SKU: a seed starts the state's sequence at `seq_base`
+/// (see [`crate::shards::seq_base`]).
+///
+/// # Errors
+/// The Redis error of the call.
+pub async fn declare_shard<C: ConnectionLike>(
+    con: &mut C,
+    keys: &SkuKeys,
+    seed: bool,
+    total: i64,
+    terms: &Terms,
+    declare_id: &Uuid,
+    seq_base: i64,
+) -> Result<Declared, StoreError> {
     let r: i64 = SCRIPTS
         .declare_sku
         .key(keys.state())
@@ -384,6 +401,7 @@ pub async fn declare_sku<C: ConnectionLike>(
         .arg(terms.offer_ms)
         .arg(opt_ms(terms.opens_ms))
         .arg(opt_ms(terms.closes_ms))
+        .arg(seq_base)
         .invoke_async(con)
         .await?;
     Ok(match r {

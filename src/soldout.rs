@@ -46,7 +46,7 @@ use parking_lot::RwLock;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::StoreError;
-use crate::keys::{units_back_channel, SkuKeys};
+use crate::keys::{split_shard, units_back_channel, SkuKeys};
 use crate::metrics as m;
 use crate::store::Store;
 
@@ -87,6 +87,8 @@ struct Inner {
 struct Entry {
     since: Instant,
     used: AtomicBool,
+    /// The SKU's shard count: a sharded SKU is re-read on every shard ([`crate::shards`]).
+    shards: i32,
 }
 
 /// Taken before a read of a SKU's stock; what the read finds is learned only if no
@@ -130,8 +132,9 @@ impl SoldOut {
         }
     }
 
-    /// A read that began at `ticket` found `sku`'s stock at 0.
-    pub fn learn(&self, sku: &str, ticket: Ticket) {
+    /// A read that began at `ticket` found `sku`'s stock at 0 (on every one of its `shards`,
+    /// with no transfer between them in flight).
+    pub fn learn(&self, sku: &str, shards: i32, ticket: Ticket) {
         let mut inner = self.inner.write();
         if !inner.live || inner.notices != ticket.notices {
             return;
@@ -139,6 +142,7 @@ impl SoldOut {
         let entry = Entry {
             since: ticket.at,
             used: AtomicBool::new(true),
+            shards,
         };
         match inner.skus.get_mut(sku) {
             Some(e) if e.since >= ticket.at => {}
@@ -166,7 +170,7 @@ impl SoldOut {
 
     /// Entries at least half [`TRUST`] old that were used since their last re-check; unused
     /// ones are dropped here.
-    fn due(&self) -> Vec<String> {
+    fn due(&self) -> Vec<(String, i32)> {
         let recheck_after = self.trust / 2;
         let mut inner = self.inner.write();
         let mut due = Vec::new();
@@ -176,7 +180,7 @@ impl SoldOut {
             }
             let used = e.used.swap(false, Ordering::Relaxed);
             if used {
-                due.push(sku.clone());
+                due.push((sku.clone(), e.shards));
             }
             used
         });
@@ -262,7 +266,8 @@ impl Watcher {
                     };
                     let key: String = msg.get_payload().unwrap_or_default();
                     match SkuKeys::sku_of_state(&head, &key) {
-                        Some(sku) => self.cache.forget(sku),
+                        // A shard's units are its SKU's: the SKU is forgotten.
+                        Some(name) => self.cache.forget(split_shard(name).0),
                         None if key == HEARTBEAT => heard = Instant::now(),
                         // Not a state key of ours: forget everything rather than guess.
                         None => self.cache.set_live(true),
@@ -306,13 +311,26 @@ impl Watcher {
             .await
     }
 
-    /// Re-reads the stock of every entry due, in one round trip.
+    /// Re-reads the stock of every entry due, in one round trip (a sharded SKU's shards in
+    /// one more, all together).
     async fn recheck(&self) {
-        let due = self.cache.due();
+        let (due, sharded): (Vec<_>, Vec<_>) =
+            self.cache.due().into_iter().partition(|(_, n)| *n <= 1);
+        let due: Vec<String> = due.into_iter().map(|(sku, _)| sku).collect();
+        let ticket = self.cache.ticket();
+        for (sku, shards) in &sharded {
+            match crate::shards::view::survey(&self.store, sku, *shards).await {
+                Ok(states) if states.iter().all(|s| s.stock == 0 && s.pending.is_empty()) => {
+                    self.cache.learn(sku, *shards, ticket)
+                }
+                Ok(_) => self.cache.forget(sku),
+                Err(e) => tracing::debug!(sku, error = %e, "sold-out re-check failed"),
+            }
+        }
+        m::sold_out_rechecks(sharded.len());
         if due.is_empty() {
             return;
         }
-        let ticket = self.cache.ticket();
         let read: Result<Vec<Option<i64>>, _> = if self.store.is_cluster() {
             // A pipeline cannot span slots: one read per SKU, all in flight together.
             let reads = due.iter().map(|sku| {
@@ -340,7 +358,7 @@ impl Watcher {
             Ok(stocks) => {
                 for (sku, stock) in due.iter().zip(stocks) {
                     match stock {
-                        Some(0) => self.cache.learn(sku, ticket),
+                        Some(0) => self.cache.learn(sku, 1, ticket),
                         _ => self.cache.forget(sku),
                     }
                 }
@@ -364,14 +382,14 @@ mod tests {
     #[test]
     fn nothing_is_refused_while_the_subscription_is_down() {
         let s = SoldOut::new(TRUST);
-        s.learn("a", s.ticket());
+        s.learn("a", 1, s.ticket());
         assert!(!s.refuses("a"));
     }
 
     #[test]
     fn a_learned_sold_out_is_refused_until_a_notification() {
         let s = live();
-        s.learn("a", s.ticket());
+        s.learn("a", 1, s.ticket());
         assert!(s.refuses("a"));
         assert!(!s.refuses("b"));
         s.forget("a");
@@ -383,7 +401,7 @@ mod tests {
         let s = live();
         let t = s.ticket();
         s.forget("a");
-        s.learn("a", t);
+        s.learn("a", 1, t);
         assert!(!s.refuses("a"));
     }
 
@@ -392,14 +410,14 @@ mod tests {
         let s = live();
         let mut t = s.ticket();
         t.at -= TRUST + Duration::from_millis(1);
-        s.learn("a", t);
+        s.learn("a", 1, t);
         assert!(!s.refuses("a"));
     }
 
     #[test]
     fn losing_the_subscription_forgets_everything() {
         let s = live();
-        s.learn("a", s.ticket());
+        s.learn("a", 1, s.ticket());
         s.set_live(false);
         s.set_live(true);
         assert!(!s.refuses("a"));
@@ -409,7 +427,7 @@ mod tests {
     const UNITS_BACK: &str =
         "redis.call('PUBLISH', (string.gsub(KEYS[1], '{[^{]*$', 'units-back')), KEYS[1])";
     /// Scripts that write `stock` but can only lower it, or only read it.
-    const LOWER_ONLY: &[&str] = &["claim.lua", "join_waitlist.lua"];
+    const LOWER_ONLY: &[&str] = &["claim.lua", "join_waitlist.lua", "transfer_out.lua"];
 
     #[test]
     fn every_script_that_writes_stock_tells_the_gateways() {
@@ -443,14 +461,14 @@ mod tests {
         let s = live();
         let mut t = s.ticket();
         t.at -= TRUST / 2;
-        s.learn("used", t);
-        s.learn("idle", t);
+        s.learn("used", 1, t);
+        s.learn("idle", 1, t);
         // First round: both were used since learning (learning counts as a use).
         let mut due = s.due();
         due.sort();
-        assert_eq!(due, ["idle", "used"]);
+        assert_eq!(due, [("idle".to_string(), 1), ("used".to_string(), 1)]);
         assert!(s.refuses("used"));
-        assert_eq!(s.due(), ["used"]);
+        assert_eq!(s.due(), [("used".to_string(), 1)]);
         assert_eq!(s.len(), 1);
     }
 }

@@ -19,6 +19,8 @@ struct DeclareBody {
     offer_seconds: Option<i64>,
     opens_at: Option<chrono::DateTime<chrono::FixedOffset>>,
     closes_at: Option<chrono::DateTime<chrono::FixedOffset>>,
+    /// Redis shards of the SKU (1..=16, default 1; see `crate::shards`).
+    shards: Option<i64>,
 }
 
 /// Longest hold or offer accepted: a week (a checkout, not a reservation system).
@@ -62,6 +64,13 @@ pub(super) async fn declare(
             )));
         }
     }
+    let shards = body.shards.unwrap_or(1);
+    if !(1..=i64::from(crate::shards::MAX_SHARDS)).contains(&shards) {
+        return Err(ApiError::BadRequest(format!(
+            "shards must be in 1..={}",
+            crate::shards::MAX_SHARDS
+        )));
+    }
     let opens_at = body.opens_at.map(|t| t.to_utc());
     let closes_at = body.closes_at.map(|t| t.to_utc());
     if let (Some(o), Some(c)) = (opens_at, closes_at) {
@@ -77,6 +86,7 @@ pub(super) async fn declare(
         offer_seconds: offer as i32,
         opens_at,
         closes_at,
+        shards: shards as i32,
     };
     let d = inventory::declare(&state.store, &state.catalog, sku, body.total, &terms).await?;
     let status = if d.created {

@@ -70,14 +70,7 @@ pub(super) async fn claim(
     let started = std::time::Instant::now();
     let decided = state
         .claims
-        .claim(
-            sku,
-            entry.redis_seq,
-            entry.tag,
-            &user,
-            quantity as u32,
-            idempotency_key,
-        )
+        .claim(&entry, &user, quantity as u32, idempotency_key)
         .await
         .map_err(ApiError::from);
     log_decision(state, sku, quantity, &decided, started.elapsed());

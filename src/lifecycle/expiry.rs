@@ -114,15 +114,30 @@ impl Expirer {
         if active.is_empty() {
             return Ok(active);
         }
-        Ok(sqlx::query_scalar(
+        // Members are Redis names: a shard of a sharded SKU (`sku#i`) has holds of its own
+        // when its catalog SKU takes holds.
+        let catalog_skus: Vec<&str> = active
+            .iter()
+            .map(|n| crate::keys::split_shard(n).0)
+            .collect();
+        let with_holds: std::collections::HashSet<String> = sqlx::query_scalar(
             "SELECT sku FROM skus WHERE sku = ANY($1) AND hold_seconds > 0
              UNION SELECT sku FROM waitlist
                     WHERE sku = ANY($1) AND status IN ('waiting', 'offered')",
         )
-        .bind(&active)
+        .bind(&catalog_skus)
         .fetch_all(&self.db)
         .await
-        .map_err(DbError::from)?)
+        .map_err(DbError::from)?
+        .into_iter()
+        .collect();
+        let mut names: Vec<String> = active
+            .into_iter()
+            .filter(|n| with_holds.contains(crate::keys::split_shard(n).0))
+            .collect();
+        names.sort();
+        names.dedup();
+        Ok(names)
     }
 
     /// Expires the SKU's due holds, a batch per call, until none is due or another worker

@@ -68,21 +68,15 @@ pub async fn find_claim(
     let Some(sku) = sku_of(catalog, &id).await? else {
         return Ok(row);
     };
-    let keys = store.keys(&sku.sku);
-    let mut con = store.hot();
-    let read = store
-        .bounded(async {
-            Ok(redis::pipe()
-                .cmd("HGET")
-                .arg(keys.claim(&id))
-                .arg(crate::ids::call_of(&id).to_string())
-                .cmd("HGET")
-                .arg(keys.holds())
-                .arg(id.to_string())
-                .query_async::<(Option<String>, Option<String>)>(&mut con)
-                .await?)
-        })
-        .await;
+    // A claim of a sharded SKU was decided on its buyer's shard, which the id does not name:
+    // each shard is asked in turn until one holds the call's record.
+    let mut read = Ok((None, None));
+    for name in crate::shards::names(&sku.sku, sku.shards) {
+        read = read_records(store, &name, &id).await;
+        if !matches!(read, Ok((None, None))) {
+            break;
+        }
+    }
     let (record, hold) = match (read, row) {
         (Ok(r), _) => r,
         // The ledger's row stands when Redis cannot add to it.
@@ -118,6 +112,68 @@ pub async fn find_claim(
     Ok(Some(claim))
 }
 
+/// Runs decide_hold.lua on the Redis SKU `name`; `None` when it holds no hold of this id for
+/// this caller.
+async fn decide_on(
+    store: &Store,
+    name: &str,
+    id: Uuid,
+    caller: Option<&str>,
+    op: HoldOp,
+) -> Result<Option<HoldAnswer>, LifecycleError> {
+    let keys = store.keys(name);
+    let mut inv = SCRIPTS.decide_hold.prepare_invoke();
+    for k in keys.lifecycle() {
+        inv.key(k);
+    }
+    inv.arg(op.arg())
+        .arg(id.to_string())
+        .arg(caller.unwrap_or(""));
+    let mut con = store.hot();
+    let call = store.bounded(async { Ok(inv.invoke_async(&mut con).await?) });
+    let (code, status, _expires): (i64, String, i64) =
+        crate::activity::with_mark(store, name, call).await?;
+    match code {
+        1 => {
+            super::expiry::count_decision(op.target());
+            // Answered only once the replicas hold it, as a win is (claims.rs): without
+            // that a failover could undo it, so its outcome is as unknown as a timeout's;
+            // the client's retry is idempotent and answers from what Redis then holds.
+            if !store.replicated(&keys).await? {
+                crate::metrics::wait_short();
+                return Err(StoreError::Timeout.into());
+            }
+            Ok(Some(HoldAnswer::Done))
+        }
+        2 => Ok(Some(HoldAnswer::Refused(status))),
+        -1 => Err(StoreError::SkuLost.into()),
+        _ => Ok(None),
+    }
+}
+
+/// The record of the call that decided `id` and the hold `id`, on the Redis SKU `name`.
+async fn read_records(
+    store: &Store,
+    name: &str,
+    id: &Uuid,
+) -> Result<(Option<String>, Option<String>), StoreError> {
+    let keys = store.keys(name);
+    let mut con = store.hot();
+    store
+        .bounded(async {
+            Ok(redis::pipe()
+                .cmd("HGET")
+                .arg(keys.claim(id))
+                .arg(crate::ids::call_of(id).to_string())
+                .cmd("HGET")
+                .arg(keys.holds())
+                .arg(id.to_string())
+                .query_async::<(Option<String>, Option<String>)>(&mut con)
+                .await?)
+        })
+        .await
+}
+
 /// Confirms or cancels the hold `id` for `caller` (`None`: the admin, who may act on any).
 ///
 /// # Errors
@@ -131,33 +187,18 @@ pub async fn decide(
     op: HoldOp,
 ) -> Result<HoldAnswer, LifecycleError> {
     if let Some(sku) = sku_of(catalog, &id).await? {
-        let keys = store.keys(&sku.sku);
-        let mut inv = SCRIPTS.decide_hold.prepare_invoke();
-        for k in keys.lifecycle() {
-            inv.key(k);
-        }
-        inv.arg(op.arg())
-            .arg(id.to_string())
-            .arg(caller.unwrap_or(""));
-        let mut con = store.hot();
-        let call = store.bounded(async { Ok(inv.invoke_async(&mut con).await?) });
-        let (code, status, _expires): (i64, String, i64) =
-            crate::activity::with_mark(store, &sku.sku, call).await?;
-        match code {
-            1 => {
-                super::expiry::count_decision(op.target());
-                // Answered only once the replicas hold it, as a win is (claims.rs): without
-                // that a failover could undo it, so its outcome is as unknown as a timeout's;
-                // the client's retry is idempotent and answers from what Redis then holds.
-                if !store.replicated(&keys).await? {
-                    crate::metrics::wait_short();
-                    return Err(StoreError::Timeout.into());
-                }
-                return Ok(HoldAnswer::Done);
+        // On a sharded SKU a hold lives in its buyer's shard: the owner's is known from the
+        // caller; the admin's is found by asking each shard in turn.
+        let names = match caller {
+            Some(user) if sku.shards > 1 => {
+                vec![crate::shards::name_for_user(&sku.sku, sku.shards, user)]
             }
-            2 => return Ok(HoldAnswer::Refused(status)),
-            -1 => return Err(StoreError::SkuLost.into()),
-            _ => {}
+            _ => crate::shards::names(&sku.sku, sku.shards),
+        };
+        for name in names {
+            if let Some(answer) = decide_on(store, &name, id, caller, op).await? {
+                return Ok(answer);
+            }
         }
     }
     // Redis holds no hold of this id: the ledger has its final status, or it is no hold.

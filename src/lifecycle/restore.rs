@@ -6,7 +6,7 @@ use futures_util::TryStreamExt;
 
 use crate::error::DbError;
 use crate::keys::SkuKeys;
-use crate::restore::{flush, CHUNK};
+use crate::restore::ShardPipes;
 use crate::store::{RedisConn, Store};
 
 #[derive(sqlx::FromRow)]
@@ -35,18 +35,31 @@ struct EntryRow {
 pub async fn stage(
     store: &Store,
     con: &mut RedisConn,
-    keys: &SkuKeys,
+    shards: &[SkuKeys],
     db: &sqlx::PgPool,
     sku: &str,
 ) -> Result<i64, crate::inventory::InventoryError> {
-    let mut pipe = redis::pipe();
-    pipe.del(keys.holds())
-        .del(keys.expiry())
+    // A hold goes back to its buyer's shard (src/shards/); the line, one per SKU, to shard 0
+    // (a sharded SKU takes no waitlist).
+    let keys = &shards[0];
+    // One pipeline per shard: a pipeline reaches one slot's node on a cluster.
+    let mut pipes = ShardPipes::new(shards.len());
+    for (i, k) in shards.iter().enumerate() {
+        pipes
+            .add(i)
+            .del(k.holds())
+            .ignore()
+            .del(k.expiry())
+            .ignore();
+    }
+    pipes
+        .add(0)
         .del(keys.waitlist())
+        .ignore()
         .del(keys.waitlist_entries())
+        .ignore()
         .del(keys.waitlist_users())
         .ignore();
-    let mut queued = 0usize;
     let mut holds = sqlx::query_as::<_, HeldRow>(
         "SELECT i.claim_id, i.user_id, i.quantity,
                 (extract(epoch FROM i.expires_at) * 1000)::bigint AS expires_ms,
@@ -71,15 +84,17 @@ pub async fn stage(
             h.user_id.len(),
             h.user_id
         );
-        pipe.hset(keys.holds(), &id, rec)
+        let home = usize::from(crate::shards::shard_of_user(
+            &h.user_id,
+            shards.len() as i32,
+        ));
+        pipes
+            .add(home)
+            .hset(shards[home].holds(), &id, rec)
             .ignore()
-            .zadd(keys.expiry(), &id, h.expires_ms)
+            .zadd(shards[home].expiry(), &id, h.expires_ms)
             .ignore();
-        queued += 1;
-        if queued >= CHUNK {
-            flush(store, con, &mut pipe).await?;
-            queued = 0;
-        }
+        pipes.flush_full(store, con).await?;
     }
     drop(holds);
     let mut entries = sqlx::query_as::<_, EntryRow>(
@@ -100,6 +115,7 @@ pub async fn stage(
             e.user_id.len(),
             e.user_id
         );
+        let pipe = pipes.add(0);
         pipe.hset(keys.waitlist_entries(), &id, rec)
             .ignore()
             .hset(keys.waitlist_users(), &e.user_id, &id)
@@ -107,14 +123,10 @@ pub async fn stage(
         if e.status == "waiting" {
             pipe.zadd(keys.waitlist(), &id, e.position).ignore();
         }
-        queued += 1;
-        if queued >= CHUNK {
-            flush(store, con, &mut pipe).await?;
-            queued = 0;
-        }
+        pipes.flush_full(store, con).await?;
     }
     drop(entries);
-    flush(store, con, &mut pipe).await?;
+    pipes.flush_all(store, con).await?;
     let order: Option<i64> =
         sqlx::query_scalar("SELECT max(position) FROM waitlist WHERE sku = $1")
             .bind(sku)

@@ -60,7 +60,8 @@ pub(super) fn winners(
         out.push(Winner {
             entry_id: entry_id.to_string(),
             claim_id: claim_in(&call, index),
-            sku: sku.to_string(),
+            // The catalog's SKU, whichever of its shards journaled the call.
+            sku: crate::keys::split_shard(sku).0.to_string(),
             user: user.to_string(),
             quantity,
             idempotency_key: (!idem.is_empty()).then(|| idem.to_string()),

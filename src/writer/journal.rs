@@ -366,7 +366,8 @@ fn parse_packed(sku: &str, entry_id: String, c: &str, offer: bool) -> Option<Win
     Some(Winner {
         entry_id,
         claim_id: r.claim_id,
-        sku: sku.to_string(),
+        // The row's SKU is the catalog's, whichever of its shards journaled the win.
+        sku: crate::keys::split_shard(sku).0.to_string(),
         user: r.user,
         quantity: i32::try_from(r.quantity).ok()?,
         idempotency_key: r.idempotency_key,

@@ -298,8 +298,11 @@ impl Writer {
         if !early.is_empty() {
             return Err(WriteError::WinNotYetWritten(early.len()));
         }
+        // `sku` is a Redis name (a shard of a sharded SKU is `sku#i`): rows name the catalog's
+        // SKU, while the journal, the acknowledgements and the mark are the shard's.
+        let catalog_sku = crate::keys::split_shard(sku).0;
         let mut forget = lifecycle::apply_changes(&self.db, &batch.changes).await?;
-        forget.extend(lifecycle::apply_waits(&self.db, sku, &batch.waits).await?);
+        forget.extend(lifecycle::apply_waits(&self.db, catalog_sku, &batch.waits).await?);
         lifecycle::count_offers(batch);
         let lifecycle_seq = (batch.changes.iter().map(|c| c.seq))
             .chain(batch.waits.iter().map(|w| w.seq))
@@ -332,7 +335,7 @@ impl Writer {
             poison.push(Quarantined::winner(w, raw, u.error));
         }
         poison.extend(batch.unreadable.iter().map(Quarantined::unreadable));
-        quarantine::record(&self.db, sku, &poison).await?;
+        quarantine::record(&self.db, catalog_sku, &poison).await?;
         journal::ack(&self.store, sku, batch, &forget).await?;
         Ok(())
     }

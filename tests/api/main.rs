@@ -27,6 +27,7 @@ mod proxy;
 mod restock;
 mod rollback;
 mod services;
+mod shards;
 mod soldout;
 mod stalls;
 mod waitlist;

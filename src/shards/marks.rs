@@ -1,0 +1,91 @@
+//! The ledger's high-water mark of each shard's state sequence (see [`crate::freshness`]):
+//! shard 0's is `skus.redis_seq`, as for every SKU; shard i >= 1's is a row of
+//! `sku_shard_marks`. Every function takes a Redis name (`sku` or `sku#i`).
+
+use sqlx::PgPool;
+
+use crate::error::DbError;
+use crate::keys::split_shard;
+
+/// Raises the mark of the shard `name` to at least `seq` and returns it (0 when the SKU has no
+/// catalog row).
+///
+/// # Errors
+/// The database error.
+pub async fn raise(db: &PgPool, name: &str, seq: i64) -> Result<i64, DbError> {
+    let (sku, shard) = split_shard(name);
+    let mark: Option<i64> = if shard == 0 {
+        sqlx::query_scalar(
+            "UPDATE skus SET redis_seq = GREATEST(redis_seq, $2) WHERE sku = $1 RETURNING redis_seq",
+        )
+        .bind(sku)
+        .bind(seq)
+        .fetch_optional(db)
+        .await?
+    } else {
+        sqlx::query_scalar(
+            "INSERT INTO sku_shard_marks (sku, shard, redis_seq)
+             SELECT sku, $2, $3 FROM skus WHERE sku = $1
+             ON CONFLICT (sku, shard)
+               DO UPDATE SET redis_seq = GREATEST(sku_shard_marks.redis_seq, EXCLUDED.redis_seq)
+             RETURNING redis_seq",
+        )
+        .bind(sku)
+        .bind(i32::from(shard))
+        .bind(seq)
+        .fetch_optional(db)
+        .await?
+    };
+    Ok(mark.unwrap_or(0))
+}
+
+/// The marks of the shards `names` (any mix of SKUs and shards), as `(name, mark)`; a shard
+/// with no mark recorded yet is left out (nothing to compare against).
+///
+/// # Errors
+/// The database error.
+pub async fn read(db: &PgPool, names: &[String]) -> Result<Vec<(String, i64)>, DbError> {
+    let (mut skus, mut shard_skus, mut shards) = (Vec::new(), Vec::new(), Vec::new());
+    for n in names {
+        match split_shard(n) {
+            (sku, 0) => skus.push(sku.to_string()),
+            (sku, i) => {
+                shard_skus.push(sku.to_string());
+                shards.push(i32::from(i));
+            }
+        }
+    }
+    let mut out: Vec<(String, i64)> =
+        sqlx::query_as("SELECT sku, redis_seq FROM skus WHERE sku = ANY($1)")
+            .bind(&skus)
+            .fetch_all(db)
+            .await?;
+    if !shards.is_empty() {
+        let rows: Vec<(String, i32, i64)> = sqlx::query_as(
+            "SELECT m.sku, m.shard, m.redis_seq
+               FROM sku_shard_marks m
+               JOIN UNNEST($1::text[], $2::int4[]) AS t(sku, shard)
+                 ON m.sku = t.sku AND m.shard = t.shard",
+        )
+        .bind(&shard_skus)
+        .bind(&shards)
+        .fetch_all(db)
+        .await?;
+        out.extend(
+            rows.into_iter()
+                .map(|(sku, i, m)| (crate::keys::shard_name(&sku, i as u16), m)),
+        );
+    }
+    Ok(out)
+}
+
+/// The mark of one shard (0 when none is recorded).
+///
+/// # Errors
+/// The database error.
+pub async fn of(db: &PgPool, name: &str) -> Result<i64, DbError> {
+    Ok(read(db, &[name.to_string()])
+        .await?
+        .first()
+        .map_or(0, |(_, m)| *m))
+}

@@ -1,0 +1,95 @@
+//! Finishes transfers that a gateway began and did not finish (it died, or lost Redis's answer
+//! between two steps). Runs in every gateway; every step is fenced by the transfer id, so two
+//! gateways finishing the same transfer move its units once.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use super::transfer;
+use crate::error::{DbError, StoreError};
+use crate::store::Store;
+
+/// How often the pending transfers of the sharded SKUs are looked at.
+const EVERY: Duration = Duration::from_secs(1);
+/// A transfer younger than this is left to the gateway that began it (it is most likely
+/// finishing it right now; finishing it twice would be harmless, only wasted).
+pub const RECOVER_AFTER: Duration = Duration::from_secs(3);
+
+/// The recovery task.
+pub struct Recovery {
+    pub store: Store,
+    pub db: PgPool,
+}
+
+impl Recovery {
+    pub async fn run(self, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(EVERY) => {}
+                _ = shutdown.cancelled() => break,
+            }
+            if let Err(e) = self.round(RECOVER_AFTER).await {
+                tracing::debug!(error = %e, "shard transfer recovery round failed; retrying");
+            }
+        }
+        tracing::info!("shard transfer recovery stopped");
+    }
+
+    /// Finishes every pending transfer older than `older_than` of every sharded SKU. Returns
+    /// how many it finished.
+    ///
+    /// # Errors
+    /// The catalog's error (a shard's Redis errors are logged and skipped).
+    pub async fn round(&self, older_than: Duration) -> Result<usize, RecoveryError> {
+        let skus: Vec<(String, i32)> =
+            sqlx::query_as("SELECT sku, shards FROM skus WHERE shards > 1 ORDER BY sku")
+                .fetch_all(&self.db)
+                .await
+                .map_err(DbError::from)?;
+        let before = crate::claims::now_ms() - older_than.as_millis() as i64;
+        let mut finished = 0;
+        for (sku, shards) in skus {
+            for donor in 0..shards as u16 {
+                // One SKU failing closed (a shard lost or stale until restore) must not keep
+                // the others' transfers waiting: its errors are logged and the round goes on.
+                let found = match transfer::pending(&self.store, &sku, donor).await {
+                    Ok(found) => found,
+                    Err(e) => {
+                        tracing::debug!(sku, donor, error = %e, "could not read a shard's pending transfers");
+                        continue;
+                    }
+                };
+                for p in found.into_iter().filter(|p| p.created_ms <= before) {
+                    let applied = match transfer::complete(&self.store, &sku, &p).await {
+                        Ok(applied) => applied,
+                        Err(e) => {
+                            tracing::debug!(sku, transfer = %p.id, error = %e, "could not finish a pending transfer; retrying");
+                            continue;
+                        }
+                    };
+                    finished += 1;
+                    tracing::info!(
+                        sku,
+                        transfer = %p.id,
+                        donor = p.donor,
+                        recipient = p.recipient,
+                        units = p.units,
+                        applied,
+                        "finished a transfer between shards that its gateway left pending"
+                    );
+                }
+            }
+        }
+        Ok(finished)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecoveryError {
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}

@@ -1,0 +1,252 @@
+//! Transfers: units moved from one shard of a SKU to another, in two single-slot steps fenced
+//! by a transfer id, then a third that forgets the finished transfer on the donor.
+//!
+//! 1. `transfer_out.lua` on the donor takes units out of its stock, counts them in its
+//!    `transfer_out` field and records `id -> units|recipient|generation|created_ms` in its
+//!    pending transfers;
+//! 2. `transfer_in.lua` on the recipient adds them to its stock once per id (a record of the
+//!    applied id, kept [`super::TRANSFER_RECORD_TTL_SECS`]);
+//! 3. `finish_transfer.lua` on the donor removes the pending record and the units from
+//!    `transfer_out`.
+//!
+//! Every step may be repeated (the id fences each), so a crash between two steps never creates
+//! or loses a unit: the units wait in the donor's `transfer_out` until some gateway's recovery
+//! task ([`super::recovery`]) or borrowing claim finishes the transfer. On a Cluster a `WAIT`
+//! follows each step (as it follows a win, [`Store::replicated`]): a step is built on only once
+//! the replicas hold the one before it, so a failover cannot take back step 1 after step 2
+//! added its units.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+use uuid::Uuid;
+
+use crate::error::StoreError;
+use crate::keys::{shard_name, SkuKeys};
+use crate::metrics as m;
+use crate::store::Store;
+
+struct TransferScripts {
+    take: Script,
+    apply: Script,
+    finish: Script,
+}
+
+static SCRIPTS: LazyLock<TransferScripts> = LazyLock::new(|| TransferScripts {
+    take: Script::new(include_str!("../../lua/transfer_out.lua")),
+    apply: Script::new(include_str!("../../lua/transfer_in.lua")),
+    finish: Script::new(include_str!("../../lua/finish_transfer.lua")),
+});
+
+/// Loads the transfer scripts (SCRIPT LOAD), with the others at start.
+///
+/// # Errors
+/// The Redis error of the first script that failed to load.
+pub async fn load_all<C: redis::aio::ConnectionLike>(con: &mut C) -> Result<(), StoreError> {
+    let s = &*SCRIPTS;
+    for script in [&s.take, &s.apply, &s.finish] {
+        script.prepare_invoke().load_async(con).await?;
+    }
+    Ok(())
+}
+
+/// A transfer a donor recorded and has not forgotten yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pending {
+    pub id: Uuid,
+    pub donor: u16,
+    pub recipient: u16,
+    pub units: i64,
+    /// The donor state's generation when the units were taken (see `transfer_out.lua`).
+    pub generation: String,
+    pub created_ms: i64,
+}
+
+impl Pending {
+    /// Parses a record `units|recipient|generation|created_ms` of the donor `donor`.
+    pub(super) fn parse(donor: u16, id: &str, rec: &str) -> Option<Pending> {
+        let mut p = rec.splitn(4, '|');
+        Some(Pending {
+            id: Uuid::parse_str(id).ok()?,
+            donor,
+            units: p.next()?.parse().ok()?,
+            recipient: p.next()?.parse().ok()?,
+            generation: p.next()?.to_string(),
+            created_ms: p.next()?.parse().ok()?,
+        })
+    }
+}
+
+/// What step 1 found on the donor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Taken {
+    /// Units taken out (now, or by an earlier send of the same id), and the donor's
+    /// generation they carry.
+    Units(i64, String),
+    /// The donor had nothing to give.
+    Dry,
+}
+
+/// The pending transfers of the donor shard `donor` of `sku`.
+///
+/// # Errors
+/// The Redis error of the read.
+pub async fn pending(store: &Store, sku: &str, donor: u16) -> Result<Vec<Pending>, StoreError> {
+    let keys = store.keys(&shard_name(sku, donor));
+    let mut con = store.hot();
+    let all: Vec<(String, String)> = store
+        .bounded(async {
+            Ok(redis::cmd("HGETALL")
+                .arg(keys.transfers())
+                .query_async(&mut con)
+                .await?)
+        })
+        .await?;
+    Ok(all
+        .iter()
+        .filter_map(|(id, rec)| Pending::parse(donor, id, rec))
+        .collect())
+}
+
+/// Step 1: takes at least `need` units (fewer when the donor holds fewer; at most `cap`, about
+/// half its stock) out of shard `donor` for shard `recipient`, under the transfer `id`.
+///
+/// # Errors
+/// [`StoreError::SkuLost`] / [`StoreError::Stale`] for a donor that fails closed; the Redis
+/// error of the call (its effect is then unknown: the recovery task finishes it if it ran).
+pub async fn take(
+    store: &Store,
+    sku: &str,
+    id: &Uuid,
+    donor: u16,
+    recipient: u16,
+    need: i64,
+    cap: i64,
+) -> Result<Taken, StoreError> {
+    let keys = store.keys(&shard_name(sku, donor));
+    let mut con = store.hot();
+    let (code, units, generation): (i64, i64, String) = store
+        .bounded(async {
+            Ok(SCRIPTS
+                .take
+                .key(keys.state())
+                .key(keys.transfers())
+                .arg(id.to_string())
+                .arg(need)
+                .arg(cap)
+                .arg(recipient)
+                .arg(crate::claims::now_ms())
+                .invoke_async(&mut con)
+                .await?)
+        })
+        .await?;
+    match code {
+        1 | 2 => {
+            if code == 1 {
+                m::shard_transfer();
+            }
+            replicated(store, &keys).await?;
+            Ok(Taken::Units(units, generation))
+        }
+        0 => Ok(Taken::Dry),
+        -3 => Err(StoreError::Stale),
+        -1 => Err(StoreError::SkuLost),
+        other => Err(StoreError::Protocol(format!(
+            "transfer_out answered {other}"
+        ))),
+    }
+}
+
+/// Steps 2 and 3 of the transfer `p`: its units into the recipient's stock (once), then the
+/// donor forgets it. Returns whether the units are in the recipient's stock (`false`: the
+/// transfer belonged to a state a restore replaced, and is dropped).
+///
+/// # Errors
+/// [`StoreError::SkuLost`] / [`StoreError::Stale`] when the recipient fails closed (the
+/// transfer stays pending: the restore that reopens the SKU ends it), or a Redis error
+/// (every step may be sent again).
+pub async fn complete(store: &Store, sku: &str, p: &Pending) -> Result<bool, StoreError> {
+    let to = store.keys(&shard_name(sku, p.recipient));
+    let mut con = store.hot();
+    let code: i64 = store
+        .bounded(async {
+            Ok(SCRIPTS
+                .apply
+                .key(to.state())
+                .key(to.transfer_in(&p.id))
+                .arg(p.units)
+                .arg(&p.generation)
+                .arg(super::TRANSFER_RECORD_TTL_SECS)
+                .invoke_async(&mut con)
+                .await?)
+        })
+        .await?;
+    let applied = match code {
+        1 | 2 => true,
+        -4 => false,
+        -3 => return Err(StoreError::Stale),
+        -1 => return Err(StoreError::SkuLost),
+        other => {
+            return Err(StoreError::Protocol(format!(
+                "transfer_in answered {other}"
+            )))
+        }
+    };
+    replicated(store, &to).await?;
+    let from = store.keys(&shard_name(sku, p.donor));
+    let _: i64 = store
+        .bounded(async {
+            Ok(SCRIPTS
+                .finish
+                .key(from.state())
+                .key(from.transfers())
+                .arg(p.id.to_string())
+                .invoke_async(&mut con)
+                .await?)
+        })
+        .await?;
+    replicated(store, &from).await?;
+    Ok(applied)
+}
+
+/// Moves units from `donor` to `recipient` now, all three steps. Returns the units moved.
+///
+/// # Errors
+/// As [`take`] and [`complete`]; a transfer left half done is finished by the recovery task.
+pub async fn transfer(
+    store: &Store,
+    sku: &str,
+    donor: u16,
+    recipient: u16,
+    need: i64,
+    cap: i64,
+) -> Result<i64, StoreError> {
+    let id = Uuid::now_v7();
+    let (units, generation) = match take(store, sku, &id, donor, recipient, need, cap).await? {
+        Taken::Units(u, g) => (u, g),
+        Taken::Dry => return Ok(0),
+    };
+    let p = Pending {
+        id,
+        donor,
+        recipient,
+        units,
+        generation,
+        created_ms: crate::claims::now_ms(),
+    };
+    Ok(if complete(store, sku, &p).await? {
+        units
+    } else {
+        0
+    })
+}
+
+/// A step is built on only once the configured replicas hold it.
+async fn replicated(store: &Store, keys: &SkuKeys) -> Result<(), StoreError> {
+    if store.replicated(keys).await? {
+        Ok(())
+    } else {
+        m::wait_short();
+        Err(StoreError::Timeout)
+    }
+}

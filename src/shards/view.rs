@@ -1,0 +1,124 @@
+//! Reading every shard of a sharded SKU: for a refill's decision ([`survey`]), and for the SKU
+//! view's sums and its per-shard lines ([`read`]).
+
+use serde::Serialize;
+
+use super::transfer::Pending;
+use crate::error::StoreError;
+use crate::keys::shard_name;
+use crate::store::Store;
+
+/// One shard as Redis holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardState {
+    pub stock: i64,
+    pub in_flight: i64,
+    /// Units this shard took out for transfers it has not forgotten yet.
+    pub transfer_out: i64,
+    /// Those transfers.
+    pub pending: Vec<Pending>,
+}
+
+/// A shard's line in the SKU view (`shards: [...]`, only on a SKU of more than one shard).
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ShardView {
+    pub shard: u16,
+    pub remaining: i64,
+    pub in_flight: i64,
+    pub transfer_out: i64,
+}
+
+/// Every shard of `sku`, shard 0 first, each read in one round trip, all in flight together
+/// (the shards live in different slots: on a Cluster, on different masters).
+///
+/// # Errors
+/// [`StoreError::SkuLost`] when a shard's state is missing, [`StoreError::Stale`] when one is
+/// marked stale (the SKU fails closed as a whole), or the Redis error.
+pub async fn survey(store: &Store, sku: &str, shards: i32) -> Result<Vec<ShardState>, StoreError> {
+    let reads = (0..shards.max(1) as u16).map(|i| read_shard(store, sku, i));
+    futures_util::future::try_join_all(reads).await
+}
+
+async fn read_shard(store: &Store, sku: &str, shard: u16) -> Result<ShardState, StoreError> {
+    let keys = store.keys(&shard_name(sku, shard));
+    let mut con = store.hot();
+    type Head = (Option<i64>, Option<i64>, Option<i64>, Option<String>);
+    let (head, pending): (Head, Vec<(String, String)>) = store
+        .bounded(async {
+            Ok(redis::pipe()
+                .cmd("HMGET")
+                .arg(keys.state())
+                .arg("stock")
+                .arg("inflight")
+                .arg("transfer_out")
+                .arg("stale")
+                .cmd("HGETALL")
+                .arg(keys.transfers())
+                .query_async(&mut con)
+                .await?)
+        })
+        .await?;
+    let (Some(stock), in_flight, transfer_out, stale) = head else {
+        return Err(StoreError::SkuLost);
+    };
+    if stale.is_some() {
+        return Err(StoreError::Stale);
+    }
+    Ok(ShardState {
+        stock,
+        in_flight: in_flight.unwrap_or(0),
+        transfer_out: transfer_out.unwrap_or(0),
+        pending: pending
+            .iter()
+            .filter_map(|(id, rec)| Pending::parse(shard, id, rec))
+            .collect(),
+    })
+}
+
+/// The Redis side of a sharded SKU's view: stock and in-flight units summed over the shards,
+/// the units in transit (taken out by a donor, not yet added by their recipient: a transfer
+/// its recipient applied is in the recipient's stock already, however long the donor takes to
+/// forget it), and each shard's line.
+pub struct ShardedSide {
+    pub remaining: i64,
+    pub in_flight: i64,
+    pub in_transit: i64,
+    pub shards: Vec<ShardView>,
+}
+
+/// Reads [`ShardedSide`]; `None` when Redis cannot tell (unreachable, a shard lost or stale).
+pub async fn read(store: &Store, sku: &str, shards: i32) -> Option<ShardedSide> {
+    let states = survey(store, sku, shards).await.ok()?;
+    let mut in_transit = 0;
+    for p in states.iter().flat_map(|s| &s.pending) {
+        let applied = store.keys(&shard_name(sku, p.recipient)).transfer_in(&p.id);
+        let mut con = store.hot();
+        let done: bool = store
+            .bounded(async {
+                Ok(redis::cmd("EXISTS")
+                    .arg(applied)
+                    .query_async(&mut con)
+                    .await?)
+            })
+            .await
+            .ok()?;
+        if !done {
+            in_transit += p.units;
+        }
+    }
+    Some(ShardedSide {
+        remaining: states.iter().map(|s| s.stock).sum(),
+        in_flight: states.iter().map(|s| s.in_flight).sum(),
+        in_transit,
+        shards: states
+            .iter()
+            .enumerate()
+            .map(|(i, s)| ShardView {
+                shard: i as u16,
+                remaining: s.stock,
+                in_flight: s.in_flight,
+                transfer_out: s.transfer_out,
+            })
+            .collect(),
+    })
+}
