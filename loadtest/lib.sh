@@ -145,6 +145,18 @@ proc_cpu() {
   awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); printf "%.4f", ($12 + $13) / hz }' "/proc/$1/stat"
 }
 
+# pg_cpu DB: CPU seconds (user + system) the PostgreSQL backends connected to DB have used so
+# far (their process titles name the database). Backends that exit during a run take theirs
+# with them; a gateway's pooled connections live for the whole run.
+pg_cpu() {
+  local hz pid total=0
+  hz=$(getconf CLK_TCK)
+  for pid in $(pgrep -f "^postgres: .* $1 "); do
+    total=$(awk -v t="$total" -v hz="$hz" '{ sub(/^.*\) /, ""); printf "%.4f", t + ($12 + $13) / hz }' "/proc/$pid/stat" 2>/dev/null || echo "$total")
+  done
+  echo "$total"
+}
+
 sub() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.6f", a - b }'; }
 
 # start_private_redis_or_shared PREFIX: a private redis-server on a free port
@@ -195,13 +207,15 @@ wrk_run() {
   for kv in $line; do printf -v "R_${kv%%=*}" '%s' "${kv#*=}"; done
 }
 
-# record TYPE KIND CONNS ROUND UNITS REDIS_CPU_S GW_CPU_S CALLS EVALSHAS: one line of results
-# (R_* from wrk_run, the rest from the arguments), echoed readably.
+# record TYPE KIND CONNS ROUND UNITS REDIS_CPU_S GW_CPU_S CALLS EVALSHAS [PG_CPU_S]: one line
+# of results (R_* from wrk_run, the rest from the arguments; PG_CPU_S last, "-" when not
+# given), echoed readably.
 # shellcheck disable=SC2154 # R_* are set by wrk_run through printf -v
 record() {
   local errors=$((R_connect + R_read + R_write + R_timeout))
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" \
-    "$R_requests" "$R_non2xx" "$R_duration_us" "$R_p50_us" "$R_p99_us" "$R_p999_us" "$errors" >>"$RESULTS"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "${@:1:9}" \
+    "$R_requests" "$R_non2xx" "$R_duration_us" "$R_p50_us" "$R_p99_us" "$R_p999_us" "$errors" \
+    "${10:--}" >>"$RESULTS"
   awk -F'\t' '{
     rate = $10 / ($12 / 1e6); won = $10 - $11
     printf "%-8s %-9s c%-4s round %s: %9.0f req/s  2xx %d  p50 %6.2f ms  p99 %6.2f ms  redis cpu %.3f s  gateway cpu %.3f s  units %d  socket errors %d\n",

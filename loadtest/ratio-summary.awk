@@ -3,6 +3,7 @@
 #   6 Redis CPU s 7 server CPU s 8 Redis commands 9 EVALSHAs (both "-" in older results of
 #   winning runs) 10 requests 11 non-2xx
 #   12 duration us 13 p50 us 14 p99 us 15 p99.9 us 16 socket errors
+#   17 CPU s of the PostgreSQL backends of the gateway's database ("-": not measured)
 # Ratios are taken per round (runs side by side) and shown as mean and range.
 function ratio_line(what, a, b, c,    r, sum, lo, hi, n, x) {
   n = 0; sum = 0; lo = 1e18; hi = -1e18
@@ -29,6 +30,7 @@ function mean(arr, k, c,    r, s, n) {
     p99[k, c, r] = $14 / 1000; p50[k, c, r] = $13 / 1000
     rcpu[k, c, r] = $6 / $5 * 1e6; gcpu[k, c, r] = $7 / $5 * 1e6
     if ($8 != "-") wcalls[k, c, r] = $8 / $5
+    if ($17 != "" && $17 != "-") pcpu[k, c, r] = $17 / $5 * 1e6
     bad[k] += $11; errs[k] += $16
   } else {
     so[k] = 1
@@ -51,6 +53,7 @@ END {
       if (!(k in kinds)) continue
       printf "  %-10s %9.0f claims/s  p50 %6.2f ms  p99 %6.2f ms  Redis CPU %5.2f us/claim  Redis commands %5.2f/claim  server CPU %5.2f us/claim\n",
         k, mean(rate, k, c), mean(p50, k, c), mean(p99, k, c), mean(rcpu, k, c), mean(wcalls, k, c), mean(gcpu, k, c)
+      if ((k, c, 1) in pcpu) printf "  %-10s PostgreSQL CPU %5.2f us/claim (the backends of its own database)\n", "", mean(pcpu, k, c)
     }
     ratio_line("claims/s dropgate / reference:", "dropgate", "reference", c)
     if ("base" in kinds) ratio_line("claims/s dropgate / base (this build / BASE_BIN):", "dropgate", "base", c)

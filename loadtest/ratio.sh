@@ -10,7 +10,9 @@
 #    (used_cpu_sys + used_cpu_user) and the gateway's CPU (/proc/PID/stat utime + stime), read
 #    before the run and after the journal writer drained it, divided by the units sold; and
 #    Redis commands (INFO commandstats, scripts' own calls included; every server's idle
-#    background work included, not subtracted) over the same span, divided the same way.
+#    background work included, not subtracted) over the same span, divided the same way; and
+#    the CPU of the PostgreSQL backends connected to the gateway's own database (the writer,
+#    the outbox relay: what the reference never spends), divided the same way.
 # 2. After sell-out: a SKU of one unit, so every request but the first is refused (409), on
 #    dropgate (the fast path), on dropgate with DROPGATE_SOLD_OUT_TRUST_MS=0 (every refusal a
 #    claim.lua call: the path before the fast path) and on the reference. Answered attempts/s,
@@ -70,16 +72,18 @@ if [[ -n ${BASE_BIN:-} ]]; then
   BASE_BIN=$TMP/dropgate-base
 fi
 
-declare -A URL PID
+declare -A URL PID DB
 ID=$(date +%s)$$
 SECRET=$(rand_hex 24)
 ADMIN=$(rand_hex 24)
 start_private_redis_or_shared "ratio${ID}"
 
 start_gateway gw "dg_ratio_${ID}_g" "ratio${ID}g"
+DB[dropgate]=dg_ratio_${ID}_g
 URL[dropgate]=$GW_URL PID[dropgate]=$GW_PID
 if [[ -n ${BASE_BIN:-} ]]; then
   DROPGATE_BIN=$BASE_BIN start_gateway gw-base "dg_ratio_${ID}_b" "ratio${ID}b"
+  DB[base]=dg_ratio_${ID}_b
   URL[base]=$GW_URL PID[base]=$GW_PID
 fi
 if [[ $SOLD_OUT == 1 ]]; then
@@ -112,7 +116,7 @@ RESULTS=$TMP/results.tsv
 # won_run KIND CONNS ROUND: one run where every request wins, on a fresh SKU.
 won_run() {
   local kind=$1 conns=$2 round=$3 sku="ratio-$1-$2-$3" url=${URL[$1]} view units c0 c1 g0 g1 rc=0
-  local k0 k1 e0 e1
+  local k0 k1 e0 e1 p0=0 p1=0 pg=-
   if [[ $kind == reference ]]; then
     "${RCLI[@]}" SET "ratio${ID}r:{$sku}:stock" "$UNITS" >/dev/null
   else
@@ -120,6 +124,7 @@ won_run() {
     [[ $(jq -r .remaining <<<"$view") == "$UNITS" ]] || die "declaring $sku: $view"
   fi
   c0=$(redis_cpu) g0=$(proc_cpu "${PID[$kind]}") k0=$(redis_calls all) e0=$(redis_calls evalsha)
+  [[ -n ${DB[$kind]:-} ]] && p0=$(pg_cpu "${DB[$kind]}")
   wrk_run "$kind-$conns-$round" "$url/v1/skus/$sku/claims" "$conns"
   if [[ $kind == reference ]]; then
     units=$((UNITS - $("${RCLI[@]}" GET "ratio${ID}r:{$sku}:stock")))
@@ -130,8 +135,9 @@ won_run() {
     units=$(jq -r "$UNITS - .remaining" <<<"$view")
   fi
   c1=$(redis_cpu) g1=$(proc_cpu "${PID[$kind]}") k1=$(redis_calls all) e1=$(redis_calls evalsha)
+  [[ -n ${DB[$kind]:-} ]] && p1=$(pg_cpu "${DB[$kind]}") && pg=$(sub "$p1" "$p0")
   record won "$kind" "$conns" "$round" "$units" "$(sub "$c1" "$c0")" "$(sub "$g1" "$g0")" \
-    $((k1 - k0)) $((e1 - e0))
+    $((k1 - k0)) $((e1 - e0)) "$pg"
 }
 
 # sold_out_run KIND ROUND: a SKU of one unit; every request after the first is refused.
