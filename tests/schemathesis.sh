@@ -114,8 +114,11 @@ fingerprint() { # every key of the prefix with its contents, every row of every 
     # which a writer's read registers whatever the requests did.
     # The active-SKU set (<prefix>:active) is left out too: it is an index of which SKUs have
     # background work, scored by when a gateway last used each, and its upkeep retires idle
-    # SKUs on its own clock (src/activity.rs); no request's outcome is in it.
-    $REDIS --scan --pattern "$PREFIX:*" | grep -vx "$PREFIX:active" | sort | while read -r key; do
+    # SKUs on its own clock (src/activity.rs); no request's outcome is in it. So are the
+    # expiry workers' leases (<prefix>:{sku}:expiry:lease, 1.5 s): which gateway serves a SKU's
+    # expiries next, taken and lapsing on their own clock (src/lifecycle/expiry.rs).
+    $REDIS --scan --pattern "$PREFIX:*" | grep -vx "$PREFIX:active" | grep -v ':expiry:lease$' |
+      sort | while read -r key; do
       t="$($REDIS type "$key")"
       echo "key $key $t"
       case "$t" in
