@@ -39,8 +39,8 @@ pub async fn stage(
     db: &sqlx::PgPool,
     sku: &str,
 ) -> Result<i64, crate::inventory::InventoryError> {
-    // A hold goes back to its buyer's shard (src/shards/); the line, one per SKU, to shard 0
-    // (a sharded SKU takes no waitlist).
+    // A hold goes back to its buyer's shard (src/shards/); the line, one per SKU, and its
+    // offers to shard 0 (src/shards/line.rs).
     let keys = &shards[0];
     // One pipeline per shard: a pipeline reaches one slot's node on a cluster.
     let mut pipes = ShardPipes::new(shards.len());
@@ -84,10 +84,14 @@ pub async fn stage(
             h.user_id.len(),
             h.user_id
         );
-        let home = usize::from(crate::shards::shard_of_user(
-            &h.user_id,
-            shards.len() as i32,
-        ));
+        let home = if h.offer {
+            0
+        } else {
+            usize::from(crate::shards::shard_of_user(
+                &h.user_id,
+                shards.len() as i32,
+            ))
+        };
         pipes
             .add(home)
             .hset(shards[home].holds(), &id, rec)

@@ -1,5 +1,7 @@
 //! The waitlist: joining a sold-out SKU's line, reading an entry, leaving. Offers are made by
-//! the scripts that give units back (`give_back` in `lua/lib/lifecycle.lua`), never here.
+//! the scripts that give units back (`give_back` in `lua/lib/lifecycle.lua`), never here. A
+//! sharded SKU's line lives on shard 0, the SKU's own keys (src/shards/line.rs), so every
+//! call here names `sku.sku` whatever shard the buyer's claims route to.
 
 use serde::Serialize;
 use uuid::Uuid;
@@ -9,6 +11,7 @@ use super::{sku_of, LifecycleError};
 use crate::catalog::{Catalog, Sku};
 use crate::error::StoreError;
 use crate::scripts::SCRIPTS;
+use crate::shards::line::BeforeJoin;
 use crate::store::Store;
 
 /// A waitlist entry as `GET /v1/waitlist/{entry_id}` shows it.
@@ -51,12 +54,22 @@ pub enum Joined {
 /// # Errors
 /// Redis could not decide (fail closed).
 pub async fn join(store: &Store, sku: &Sku, user: &str) -> Result<Joined, LifecycleError> {
+    // A sharded SKU's line is on shard 0 (its own keys); the other shards are checked first,
+    // not atomically with the join (src/shards/line.rs).
+    let others = if sku.shards > 1 {
+        crate::shards::line::before_join(store, &sku.sku, sku.shards, user).await?
+    } else {
+        BeforeJoin::default()
+    };
     let keys = store.keys(&sku.sku);
     let mut inv = SCRIPTS.join_waitlist.prepare_invoke();
     for k in keys.lifecycle() {
         inv.key(k);
     }
-    inv.arg(crate::ids::mint(sku.tag).to_string()).arg(user);
+    inv.arg(crate::ids::mint(sku.tag).to_string())
+        .arg(user)
+        .arg(others.held_elsewhere)
+        .arg(if others.in_stock { "1" } else { "0" });
     let mut con = store.hot();
     let call = store.bounded(async { Ok(inv.invoke_async(&mut con).await?) });
     let (code, id, position): (i64, String, i64) =

@@ -76,7 +76,7 @@ fn shard_remaining(view: &Value) -> Vec<i64> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shards_are_declared_once_split_evenly_and_refuse_the_waitlist() {
+async fn shards_are_declared_once_split_evenly_and_refuse_the_waitlist_while_in_stock() {
     let app = spawn_app().await;
     let sku = format!("sh-decl-{}", Uuid::new_v4().simple());
     for bad in [
@@ -121,6 +121,7 @@ async fn shards_are_declared_once_split_evenly_and_refuse_the_waitlist() {
         .unwrap();
     assert_eq!(shards, 3);
 
+    // Units remain on every shard: no line to join (tests/api/shards_waitlist.rs).
     let r = app
         .http
         .post(format!("{}/v1/skus/{sku}/waitlist", app.base))
@@ -129,7 +130,7 @@ async fn shards_are_declared_once_split_evenly_and_refuse_the_waitlist() {
         .await
         .unwrap();
     assert_eq!(r.status(), 409);
-    assert_eq!(code(&r.json().await.unwrap()), "no_waitlist");
+    assert_eq!(code(&r.json().await.unwrap()), "in_stock");
 
     // A SKU of one shard shows no shard lines: its view is unchanged.
     let one = format!("sh-one-{}", Uuid::new_v4().simple());
