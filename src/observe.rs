@@ -245,7 +245,9 @@ impl Observer {
 /// why: lost when any shard's state is missing, else stale when any is stale; `Some(None)`
 /// when every shard is open; `None` when some shard did not answer and none is closed (no
 /// news either way).
-fn fail_closed(heads: &[Result<(Option<i64>, Option<String>), StoreError>]) -> Option<Option<Closed>> {
+fn fail_closed(
+    heads: &[Result<(Option<i64>, Option<String>), StoreError>],
+) -> Option<Option<Closed>> {
     let mut answered = true;
     let mut why = None;
     for head in heads {

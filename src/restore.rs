@@ -276,7 +276,10 @@ async fn stage_live_claims(
         // shard 0 for an offer (src/reprocess/mod.rs).
         let home = shard_of(c.user_id.as_deref().unwrap_or(""));
         let mut compensated = false;
-        for k in [&keys[home], &keys[0]].into_iter().take(1 + usize::from(home != 0)) {
+        for k in [&keys[home], &keys[0]]
+            .into_iter()
+            .take(1 + usize::from(home != 0))
+        {
             let marker: Option<String> = store
                 .bounded(async {
                     Ok(redis::cmd("GET")

@@ -88,7 +88,11 @@ impl Recovery {
             match super::line::feed(&self.store, &sku, shards).await {
                 Ok(0) => {}
                 Ok(units) => {
-                    tracing::debug!(sku, units, "moved units that came back on other shards to the waitlist's shard");
+                    tracing::debug!(
+                        sku,
+                        units,
+                        "moved units that came back on other shards to the waitlist's shard"
+                    );
                 }
                 Err(e) => {
                     tracing::debug!(sku, error = %e, "could not feed the waitlist; retrying");

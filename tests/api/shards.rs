@@ -47,7 +47,7 @@ async fn applied_transfers(app: &TestApp, sku: &str) -> usize {
 }
 
 /// Runs `dropgate reconcile` on the test's database and prefix; panics on a mismatch.
-fn reconcile(redis_url: &str, database_url: &str, prefix: &str) -> String {
+pub(crate) fn reconcile(redis_url: &str, database_url: &str, prefix: &str) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_dropgate"))
         .arg("reconcile")
         .env_clear()
@@ -66,7 +66,7 @@ fn reconcile(redis_url: &str, database_url: &str, prefix: &str) -> String {
     table
 }
 
-fn shard_remaining(view: &Value) -> Vec<i64> {
+pub(crate) fn shard_remaining(view: &Value) -> Vec<i64> {
     view["shards"]
         .as_array()
         .expect("a sharded SKU's view lists its shards")
@@ -582,7 +582,7 @@ async fn a_sharded_sku_known_sold_out_sells_again_when_units_come_back_on_any_sh
 
 /// The view once every shard's journal is written (with holds, `in_flight` nets winners
 /// against units given back, so it alone cannot tell).
-async fn settled_shards(app: &TestApp, sku: &str, shards: u16) -> Value {
+pub(crate) async fn settled_shards(app: &TestApp, sku: &str, shards: u16) -> Value {
     for shard in 0..shards {
         let journal = format!(
             "{}:{{{}}}:journal",
