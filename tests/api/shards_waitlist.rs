@@ -1,7 +1,7 @@
 //! The waitlist of a sharded SKU (src/shards/line.rs): one line on shard 0, joined only once
-//! every shard is dry, fed by units that come back on any shard before open stock gets them;
-//! offers confirmed, cancelled, lapsed and restored on shard 0 whatever shard their buyer's
-//! claims route to.
+//! every shard is dry, fed by units that come back on any shard before open stock gets them,
+//! offers confirmed and declined on shard 0 whatever shard their buyer's claims route to.
+//! Lapsed, expired and restored offers: tests/api/shards_offers.rs.
 
 use std::time::Duration;
 
@@ -14,10 +14,10 @@ use crate::helpers::*;
 use crate::lifecycle::{claim_id, declare_with, get_as, post_as};
 use crate::shards::{reconcile, settled_shards, shard_remaining};
 
-const SHARDS: i32 = 3;
+pub(crate) const SHARDS: i32 = 3;
 
 /// `n` users whose claims route to `shard` of a SKU of [`SHARDS`] shards.
-fn on_shard(prefix: &str, shard: u16, n: usize) -> Vec<String> {
+pub(crate) fn on_shard(prefix: &str, shard: u16, n: usize) -> Vec<String> {
     users(prefix, 400)
         .into_iter()
         .filter(|u| shard_of_user(u, SHARDS) == shard)
@@ -26,7 +26,7 @@ fn on_shard(prefix: &str, shard: u16, n: usize) -> Vec<String> {
 }
 
 /// A SKU of [`SHARDS`] shards, `total` units, holds and offers of 600 s unless `offer_seconds`.
-async fn declare(app: &TestApp, prefix: &str, total: i64, offer_seconds: i64) -> String {
+pub(crate) async fn declare(app: &TestApp, prefix: &str, total: i64, offer_seconds: i64) -> String {
     let sku = format!("{prefix}-{}", Uuid::new_v4().simple());
     let r = declare_with(
         app,
@@ -39,29 +39,29 @@ async fn declare(app: &TestApp, prefix: &str, total: i64, offer_seconds: i64) ->
     sku
 }
 
-async fn join(app: &TestApp, sku: &str, user: &str) -> (u16, Value) {
+pub(crate) async fn join(app: &TestApp, sku: &str, user: &str) -> (u16, Value) {
     post_as(app, &format!("/v1/skus/{sku}/waitlist"), &token(user)).await
 }
 
-async fn entry(app: &TestApp, id: &str, user: &str) -> Value {
+pub(crate) async fn entry(app: &TestApp, id: &str, user: &str) -> Value {
     let (s, body) = get_as(app, &format!("/v1/waitlist/{id}"), &token(user)).await;
     assert_eq!(s, 200, "{body}");
     body
 }
 
 /// One held unit for `user`; its claim id.
-async fn hold(app: &TestApp, sku: &str, user: &str) -> String {
+pub(crate) async fn hold(app: &TestApp, sku: &str, user: &str) -> String {
     let r = app.claim(sku, user, 1, None).await;
     assert_eq!(r.status(), 201);
     claim_id(&r.json().await.unwrap())
 }
 
-async fn decide(app: &TestApp, id: &str, op: &str, user: &str) -> (u16, Value) {
+pub(crate) async fn decide(app: &TestApp, id: &str, op: &str, user: &str) -> (u16, Value) {
     post_as(app, &format!("/v1/claims/{id}/{op}"), &token(user)).await
 }
 
 /// Redis stock of every shard of `sku`, shard 0 first.
-async fn stocks(app: &TestApp, sku: &str) -> Vec<i64> {
+pub(crate) async fn stocks(app: &TestApp, sku: &str) -> Vec<i64> {
     let mut out = Vec::new();
     for i in 0..SHARDS as u16 {
         out.push(app.stock(&shard_name(sku, i)).await.unwrap());
@@ -70,7 +70,7 @@ async fn stocks(app: &TestApp, sku: &str) -> Vec<i64> {
 }
 
 /// (user, status) of the SKU's `waitlist` rows, in join order.
-async fn line_rows(app: &TestApp, sku: &str) -> Vec<(String, String)> {
+pub(crate) async fn line_rows(app: &TestApp, sku: &str) -> Vec<(String, String)> {
     sqlx::query_as("SELECT user_id, status FROM waitlist WHERE sku = $1 ORDER BY position")
         .bind(sku)
         .fetch_all(&app.db)
@@ -79,7 +79,7 @@ async fn line_rows(app: &TestApp, sku: &str) -> Vec<(String, String)> {
 }
 
 /// Units of live claims (`issued`, `held`, `confirmed`) in `issuances`.
-async fn live_units(app: &TestApp, sku: &str) -> i64 {
+pub(crate) async fn live_units(app: &TestApp, sku: &str) -> i64 {
     sqlx::query_scalar(
         "SELECT COALESCE(sum(quantity), 0)::bigint FROM issuances
           WHERE sku = $1 AND status IN ('issued', 'held', 'confirmed')",
@@ -91,7 +91,7 @@ async fn live_units(app: &TestApp, sku: &str) -> i64 {
 }
 
 /// Waits until `user`'s entry `id` has `status`.
-async fn until_status(app: &TestApp, id: &str, user: &str, status: &str) {
+pub(crate) async fn until_status(app: &TestApp, id: &str, user: &str, status: &str) {
     wait_for(Duration::from_secs(15), || async {
         entry(app, id, user).await["status"] == status
     })
@@ -266,120 +266,4 @@ async fn a_burst_of_buyers_on_every_shard_never_takes_an_offered_unit() {
         (v["offered"].as_i64(), v["consistent"].as_bool()),
         (Some(3), Some(true))
     );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_offer_that_lapses_on_a_sharded_sku_passes_to_the_next_entry() {
-    let app = spawn_app().await;
-    let sku = declare(&app, "swl", 3, 2).await;
-    let buyers: Vec<String> = (0..3).map(|i| on_shard("swl-b", i, 1).remove(0)).collect();
-    let mut holds = Vec::new();
-    for b in &buyers {
-        holds.push(hold(&app, &sku, b).await);
-    }
-    let waiters: Vec<String> = [1, 2].map(|i| on_shard("swl-w", i, 1).remove(0)).to_vec();
-    let mut ids = Vec::new();
-    for w in &waiters {
-        ids.push(
-            join(&app, &sku, w).await.1["entry_id"]
-                .as_str()
-                .unwrap()
-                .to_string(),
-        );
-    }
-    assert_eq!(decide(&app, &holds[1], "cancel", &buyers[1]).await.0, 200);
-    until_status(&app, &ids[0], &waiters[0], "offered").await;
-    until_status(&app, &ids[0], &waiters[0], "expired").await;
-    until_status(&app, &ids[1], &waiters[1], "offered").await;
-    // Taken within its 2 s (the unsharded chain test in waitlist.rs does the same in 1 s).
-    let offer = entry(&app, &ids[1], &waiters[1]).await;
-    let (s, b) = decide(
-        &app,
-        offer["claim_id"].as_str().unwrap(),
-        "confirm",
-        &waiters[1],
-    )
-    .await;
-    assert_eq!((s, b["status"].as_str()), (200, Some("confirmed")), "{b}");
-    let outsider = on_shard("swl-o", 1, 1).remove(0);
-    assert_eq!(app.claim(&sku, &outsider, 1, None).await.status(), 409);
-
-    let v = settled_shards(&app, &sku, 3).await;
-    assert_eq!(stocks(&app, &sku).await, vec![0, 0, 0]);
-    assert_eq!(live_units(&app, &sku).await, 3);
-    assert_eq!(
-        line_rows(&app, &sku).await,
-        vec![
-            (waiters[0].clone(), "expired".into()),
-            (waiters[1].clone(), "claimed".into()),
-        ]
-    );
-    assert_eq!(v["consistent"], true, "{v}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restore_of_a_sharded_sku_brings_back_its_line_and_offers_on_shard_0() {
-    let app = spawn_app().await;
-    let sku = declare(&app, "swr", 3, 600).await;
-    let buyers: Vec<String> = (0..3).map(|i| on_shard("swr-b", i, 1).remove(0)).collect();
-    let mut holds = Vec::new();
-    for b in &buyers {
-        holds.push(hold(&app, &sku, b).await);
-    }
-    let waiters: Vec<String> = [2, 1, 0]
-        .map(|i| on_shard("swr-w", i, 1).remove(0))
-        .to_vec();
-    let mut ids = Vec::new();
-    for w in &waiters {
-        ids.push(
-            join(&app, &sku, w).await.1["entry_id"]
-                .as_str()
-                .unwrap()
-                .to_string(),
-        );
-    }
-    assert_eq!(decide(&app, &holds[1], "cancel", &buyers[1]).await.0, 200);
-    until_status(&app, &ids[0], &waiters[0], "offered").await;
-    settled_shards(&app, &sku, 3).await;
-
-    // Redis loses shard 0: the line, the offer and shard 0's hold with it.
-    let mut con = app.probe.redis.clone();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{}:{{{sku}}}:*", app.probe.prefix))
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    let _: i64 = redis::cmd("DEL")
-        .arg(&keys)
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    assert_eq!(app.restore(&sku, false).await.status(), 200);
-
-    assert_eq!(stocks(&app, &sku).await, vec![0, 0, 0]);
-    assert_eq!(entry(&app, &ids[0], &waiters[0]).await["status"], "offered");
-    assert_eq!(entry(&app, &ids[1], &waiters[1]).await["position"], 1);
-    assert_eq!(entry(&app, &ids[2], &waiters[2]).await["position"], 2);
-    // The offer's hold and its buyer's count are back on shard 0, not on the buyer's shard 2.
-    let home = shard_name(&sku, 2);
-    assert_eq!(
-        (
-            app.held(&sku, &waiters[0]).await,
-            app.held(&home, &waiters[0]).await
-        ),
-        (1, 0)
-    );
-    assert_eq!(
-        app.held(&home, &buyers[2]).await,
-        1,
-        "a plain hold stays home"
-    );
-    // Declining the restored offer passes the unit to the next in line.
-    let (s, _) = decide(&app, &ids[0], "cancel", &waiters[0]).await;
-    assert_eq!(s, 200);
-    until_status(&app, &ids[1], &waiters[1], "offered").await;
-    assert_eq!(app.held(&sku, &waiters[0]).await, 0);
-    let v = settled_shards(&app, &sku, 3).await;
-    assert_eq!(live_units(&app, &sku).await, 3);
-    assert_eq!(v["consistent"], true, "{v}");
 }
