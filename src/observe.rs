@@ -191,7 +191,8 @@ impl Observer {
         for name in crate::shards::names(sku, shards) {
             let keys = self.store.keys(&name);
             let mut con = self.store.hot();
-            let read: Result<(Option<i64>, Option<String>, i64), StoreError> = self
+            type Read = ((Option<i64>, Option<String>), i64);
+            let read: Result<Read, StoreError> = self
                 .store
                 .bounded(async {
                     Ok(redis::pipe()
@@ -209,10 +210,10 @@ impl Observer {
                 })
                 .await;
             ghosts = match (&read, ghosts) {
-                (Ok((_, _, n)), Some(sum)) => Some(sum + n),
+                (Ok((_, n)), Some(sum)) => Some(sum + n),
                 _ => None,
             };
-            heads.push(read.map(|(stock, stale, _)| (stock, stale)));
+            heads.push(read.map(|(head, _)| head));
         }
         match fail_closed(&heads) {
             // Never seeded: a declare whose Redis step has not happened yet, not a loss.
@@ -262,5 +263,26 @@ fn fail_closed(
         Some(w) => Some(Some(w)),
         None if answered => Some(None),
         None => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sku_fails_closed_when_any_shard_does() {
+        let open = || Ok((Some(3), None));
+        let stale = || Ok((Some(3), Some("behind".to_string())));
+        let lost = || Ok((None, None));
+        let silent = || Err(StoreError::Timeout);
+        assert_eq!(fail_closed(&[open(), open()]), Some(None));
+        assert_eq!(fail_closed(&[open(), stale()]), Some(Some(Closed::Stale)));
+        assert_eq!(
+            fail_closed(&[stale(), lost(), open()]),
+            Some(Some(Closed::Lost))
+        );
+        assert_eq!(fail_closed(&[open(), silent()]), None, "no news");
+        assert_eq!(fail_closed(&[silent(), stale()]), Some(Some(Closed::Stale)));
     }
 }
