@@ -191,7 +191,7 @@ impl Observer {
         for name in crate::shards::names(sku, shards) {
             let keys = self.store.keys(&name);
             let mut con = self.store.hot();
-            type Read = ((Option<i64>, Option<String>), i64);
+            type Read = (StateHead, i64);
             let read: Result<Read, StoreError> = self
                 .store
                 .bounded(async {
@@ -242,13 +242,14 @@ impl Observer {
     }
 }
 
+/// A shard state's `stock` and `stale` fields.
+type StateHead = (Option<i64>, Option<String>);
+
 /// Whether a SKU whose shards' state heads (`stock`, `stale`) are `heads` fails closed, and
 /// why: lost when any shard's state is missing, else stale when any is stale; `Some(None)`
 /// when every shard is open; `None` when some shard did not answer and none is closed (no
 /// news either way).
-fn fail_closed(
-    heads: &[Result<(Option<i64>, Option<String>), StoreError>],
-) -> Option<Option<Closed>> {
+fn fail_closed(heads: &[Result<StateHead, StoreError>]) -> Option<Option<Closed>> {
     let mut answered = true;
     let mut why = None;
     for head in heads {
