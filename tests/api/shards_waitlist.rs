@@ -175,8 +175,8 @@ async fn a_hold_cancelled_on_shard_2_is_offered_once_to_the_head_of_the_line_on_
         let r = app.claim(&sku, &u, 1, None).await;
         assert_eq!(r.status(), 409, "nobody outside the line buys");
     }
-    // The head (routed to shard 2) confirms its offer, which lives on shard 0; the last in
-    // line (routed to shard 0) leaves.
+    // The head (routed to shard 2) confirms its offer, which lives on shard 0; the next in
+    // line (routed to shard 1) leaves the line on shard 0.
     let offer = entry(&app, &ids[0], &waiters[0]).await;
     let offer_id = offer["claim_id"].as_str().unwrap().to_string();
     let (s, b) = decide(&app, &offer_id, "confirm", &waiters[0]).await;
@@ -188,8 +188,8 @@ async fn a_hold_cancelled_on_shard_2_is_offered_once_to_the_head_of_the_line_on_
     );
     let r = app
         .http
-        .delete(format!("{}/v1/waitlist/{}", app.base, ids[2]))
-        .bearer_auth(token(&waiters[2]))
+        .delete(format!("{}/v1/waitlist/{}", app.base, ids[1]))
+        .bearer_auth(token(&waiters[1]))
         .send()
         .await
         .unwrap();
@@ -203,8 +203,8 @@ async fn a_hold_cancelled_on_shard_2_is_offered_once_to_the_head_of_the_line_on_
         line_rows(&app, &sku).await,
         vec![
             (waiters[0].clone(), "claimed".into()),
-            (waiters[1].clone(), "waiting".into()),
-            (waiters[2].clone(), "left".into()),
+            (waiters[1].clone(), "left".into()),
+            (waiters[2].clone(), "waiting".into()),
         ]
     );
     assert_eq!(
