@@ -1,8 +1,8 @@
 -- transfer_in.lua: step 2 of a transfer between two shards of one SKU: give the units a donor
 -- took out (transfer_out.lua) back on the recipient shard, once per transfer id: to the head
 -- of the recipient's waitlist first (give_back, lib/lifecycle.lua, prepended), the rest to its
--- open stock. Only shard 0 holds a line (src/shards/); on the other shards give_back finds
--- none and every unit goes to the stock.
+-- open stock. Every shard of a sharded SKU has a line of its own (src/shards/line.rs); on a
+-- shard whose line is empty every unit goes to the stock.
 --
 -- KEYS[1..8] the recipient shard's lifecycle keys (see lib/lifecycle.lua); KEYS[1] is its
 --            state hash <prefix>:{<sku>[#i]}:state
@@ -22,8 +22,8 @@
 --
 -- Invariant: a transfer's units are given back at most once, and only to the generation of
 -- the state they were taken from; while the recipient's line has waiting entries its units
--- are offered there before any reaches open stock (so the recovery task's moves to shard 0
--- serve the line first); the state's `seq` moves with every change journaled.
+-- are offered there before any reaches open stock (so the recovery task's moves to a shard with
+-- waiters serve its line first); the state's `seq` moves with every change journaled.
 local state, applied = KEYS[1], KEYS[9]
 if redis.call('EXISTS', applied) == 1 then
   return 2

@@ -7,9 +7,9 @@
 //!
 //! Cost per round (every `DROPGATE_SKU_GAUGES_INTERVAL_MS`, 5 s by default), bounded whatever
 //! the catalog's size: one PING, one `SELECT 1`, one page of the catalog, and for each of at
-//! most [`SKUS_PER_ROUND`] SKUs one pipelined HMGET + ZCOUNT per shard (one for a SKU of one
-//! shard; a sharded SKU fails closed when any shard is lost or stale), one ZCARD of the line
-//! and one SKU view ([`crate::ledger::view`]: an HMGET per shard and one ledger query, taken
+//! most [`SKUS_PER_ROUND`] SKUs one pipelined HMGET + ZCOUNT + ZCARD (its line) per shard (one
+//! for a SKU of one shard; a sharded SKU fails closed when any shard is lost or stale) and one
+//! SKU view ([`crate::ledger::view`]: an HMGET per shard and one ledger query, taken
 //! again up to four times while claims straddle the snapshot). A
 //! larger catalog is walked a page per round, so each SKU is refreshed every
 //! `ceil(skus / SKUS_PER_ROUND)` rounds. A round never outlives its interval. Every gateway
@@ -185,13 +185,14 @@ impl Observer {
 
     async fn observe(&self, sku: &str, seeded: bool, shards: i32) {
         // Every shard of a sharded SKU (src/shards/): the SKU fails closed as a whole when any
-        // shard is lost or stale, and its holds live on every shard.
+        // shard is lost or stale, and its holds and lines live on every shard.
         let mut heads = Vec::with_capacity(shards.max(1) as usize);
         let mut ghosts = Some(0);
+        let mut line = Some(0);
         for name in crate::shards::names(sku, shards) {
             let keys = self.store.keys(&name);
             let mut con = self.store.hot();
-            type Read = (StateHead, i64);
+            type Read = (StateHead, i64, i64);
             let read: Result<Read, StoreError> = self
                 .store
                 .bounded(async {
@@ -205,15 +206,18 @@ impl Observer {
                         .arg(keys.expiry())
                         .arg("-inf")
                         .arg(crate::claims::now_ms())
+                        // The shard's line (a sharded SKU has one per shard, src/shards/line.rs).
+                        .cmd("ZCARD")
+                        .arg(keys.waitlist())
                         .query_async(&mut con)
                         .await?)
                 })
                 .await;
-            ghosts = match (&read, ghosts) {
-                (Ok((_, n)), Some(sum)) => Some(sum + n),
-                _ => None,
+            (ghosts, line) = match (&read, ghosts, line) {
+                (Ok((_, n, w)), Some(sum), Some(waiting)) => (Some(sum + n), Some(waiting + w)),
+                _ => (None, None),
             };
-            heads.push(read.map(|(head, _)| head));
+            heads.push(read.map(|(head, _, _)| head));
         }
         match fail_closed(&heads) {
             // Never seeded: a declare whose Redis step has not happened yet, not a loss.
@@ -223,18 +227,7 @@ impl Observer {
             // No answer: no news either way; the view below turns the Redis side NaN.
             None => {}
         }
-        // The line, one per SKU: on shard 0 (src/shards/line.rs).
-        let mut con = self.store.hot();
-        let line: Result<i64, StoreError> = self
-            .store
-            .bounded(async {
-                Ok(redis::cmd("ZCARD")
-                    .arg(self.store.keys(sku).waitlist())
-                    .query_async(&mut con)
-                    .await?)
-            })
-            .await;
-        m::sku_lifecycle(sku, ghosts.zip(line.ok()));
+        m::sku_lifecycle(sku, ghosts.zip(line));
         match ledger::view(&self.store, &self.catalog, sku).await {
             Ok(v) => m::sku_view(&v),
             Err(e) => tracing::debug!(sku, error = %e, "observer could not read the SKU view"),

@@ -154,7 +154,9 @@ pub async fn restore(
             .arg(terms.offer_ms)
             .arg(terms.opens_ms.map_or(String::new(), |v| v.to_string()))
             .arg(terms.closes_ms.map_or(String::new(), |v| v.to_string()))
-            .arg(if i == 0 { wl_order } else { 0 });
+            // Every shard's line continues above the highest join order the ledger has (each
+            // shard numbers its own line's joins; src/shards/line.rs).
+            .arg(wl_order);
         if sharded {
             // The generation: no transfer begun before this restore applies to its states.
             inv.arg(epoch);
@@ -212,9 +214,6 @@ struct LiveClaim {
     created_at: chrono::DateTime<chrono::Utc>,
     /// A claim PostgreSQL refused, still with the reprocessor.
     parked: bool,
-    /// A waitlist offer (its id is its entry's): on a sharded SKU its hold and its buyer's
-    /// count for it live on shard 0, with the line (src/shards/line.rs).
-    offer: bool,
 }
 
 /// Streams the claims that hold units (written and live, refused and not yet compensated, or
@@ -231,18 +230,16 @@ async fn stage_live_claims(
 ) -> Result<(i64, usize), InventoryError> {
     let mut rows = sqlx::query_as::<_, LiveClaim>(
         "SELECT claim_id, user_id, quantity::bigint AS quantity, idempotency_key,
-                remaining_after, seq, created_at, false AS parked,
-                EXISTS (SELECT 1 FROM waitlist w WHERE w.entry_id = issuances.claim_id) AS offer
+                remaining_after, seq, created_at, false AS parked
            FROM issuances WHERE sku = $1 AND status IN ('issued', 'held', 'confirmed')
          UNION ALL
          SELECT claim_id, user_id, quantity::bigint, idempotency_key, remaining_after, seq,
-                created_at, true, false
+                created_at, true
            FROM persistence_pending WHERE sku = $1 AND status IN ('pending', 'reprocessing')
             AND claim_status NOT IN ('cancelled', 'expired')
          UNION ALL
          SELECT COALESCE(q.claim_id, '00000000-0000-0000-0000-000000000000'), q.user_id,
-                COALESCE(q.quantity, 0)::bigint, NULL, NULL, NULL, q.created_at, false,
-                false
+                COALESCE(q.quantity, 0)::bigint, NULL, NULL, NULL, q.created_at, false
            FROM quarantine q
           WHERE q.sku = $1 AND q.resolved_at IS NULL
             AND NOT EXISTS (SELECT 1 FROM issuances i WHERE i.claim_id = q.claim_id)
@@ -254,9 +251,7 @@ async fn stage_live_claims(
     // Each buyer's count and records go to the buyer's shard, each shard's in pipelines of
     // its own (a pipeline reaches one slot's node on a cluster).
     let shard_of = |user: &str| usize::from(crate::shards::shard_of_user(user, shards));
-    // (shard, user) -> units: a buyer's offers count on shard 0, its other claims on its own
-    // shard, so each count sits where the script that gives its units back will lower it.
-    let mut held: HashMap<(usize, String), i64> = HashMap::new();
+    let mut held: HashMap<String, i64> = HashMap::new();
     let mut units = 0i64;
     let mut pipes = ShardPipes::new(keys.len());
     let mut parked = Vec::new();
@@ -272,31 +267,23 @@ async fn stage_live_claims(
     // A parked claim whose units a reprocessor already gave back (to the state this restore
     // closed) holds none, whatever its row says yet: its compensation marker tells.
     for c in parked {
-        // The marker is on the shard the reprocessor gave the units back to: the buyer's, or
-        // shard 0 for an offer (src/reprocess/mod.rs).
-        let home = shard_of(c.user_id.as_deref().unwrap_or(""));
-        let mut compensated = false;
-        for k in [&keys[home], &keys[0]]
-            .into_iter()
-            .take(1 + usize::from(home != 0))
-        {
-            let marker: Option<String> = store
-                .bounded(async {
-                    Ok(redis::cmd("GET")
-                        .arg(k.compensation(&c.claim_id))
-                        .query_async(&mut *con)
-                        .await?)
-                })
-                .await?;
-            compensated |= marker.as_deref() == Some("compensated");
-        }
-        if !compensated {
+        let home = &keys[shard_of(c.user_id.as_deref().unwrap_or(""))];
+        let marker: Option<String> = store
+            .bounded(async {
+                Ok(redis::cmd("GET")
+                    .arg(home.compensation(&c.claim_id))
+                    .query_async(&mut *con)
+                    .await?)
+            })
+            .await?;
+        if marker.as_deref() != Some("compensated") {
             count(c, &mut units, &mut held, &mut pipes, keys, &shard_of);
         }
     }
     pipes.flush_all(store, con).await?;
-    for ((shard, user), n) in &held {
-        pipes.add(*shard).hset(&staged[*shard], user, *n).ignore();
+    for (user, n) in &held {
+        let shard = shard_of(user);
+        pipes.add(shard).hset(&staged[shard], user, *n).ignore();
         pipes.flush_full(store, con).await?;
     }
     pipes.flush_all(store, con).await?;
@@ -355,15 +342,14 @@ impl ShardPipes {
 fn count(
     c: LiveClaim,
     units: &mut i64,
-    held: &mut HashMap<(usize, String), i64>,
+    held: &mut HashMap<String, i64>,
     pipes: &mut ShardPipes,
     keys: &[SkuKeys],
     shard_of: &impl Fn(&str) -> usize,
 ) {
     *units += c.quantity;
     let Some(user_id) = c.user_id else { return };
-    let counted_on = if c.offer { 0 } else { shard_of(&user_id) };
-    *held.entry((counted_on, user_id.clone())).or_default() += c.quantity;
+    *held.entry(user_id.clone()).or_default() += c.quantity;
     if let Some(k) = c.idempotency_key {
         let shard = shard_of(&user_id);
         let key = keys[shard].idempotency(&user_id, &k);

@@ -187,28 +187,24 @@ pub async fn decide(
     op: HoldOp,
 ) -> Result<HoldAnswer, LifecycleError> {
     if let Some(sku) = sku_of(catalog, &id).await? {
-        // On a sharded SKU a hold lives in its buyer's shard, and a waitlist offer on shard 0
-        // with the line (src/shards/line.rs): the owner's shard is asked first, then shard 0;
-        // the admin's hold is found by asking each shard in turn.
+        // On a sharded SKU a hold lives in its buyer's shard, a waitlist offer too (the line
+        // of the buyer's shard made it, src/shards/line.rs): the owner's is known from the
+        // caller; the admin's is found by asking each shard in turn.
         let names = match caller {
             Some(user) if sku.shards > 1 => {
-                let home = crate::shards::shard_of_user(user, sku.shards);
-                let mut names = vec![crate::keys::shard_name(&sku.sku, home)];
-                if home != 0 {
-                    names.push(sku.sku.clone());
-                }
-                names
+                vec![crate::shards::name_for_user(&sku.sku, sku.shards, user)]
             }
             _ => crate::shards::names(&sku.sku, sku.shards),
         };
         for name in names {
             if let Some(answer) = decide_on(store, &name, id, caller, op).await? {
-                if op == HoldOp::Cancel && answer == HoldAnswer::Done && name != sku.sku {
-                    // The unit came back to a shard without a line: if anybody waits on shard
-                    // 0, move it there now rather than at the recovery task's next round.
-                    // Best effort: the recovery task does the same within a second.
+                if op == HoldOp::Cancel && answer == HoldAnswer::Done && sku.shards > 1 {
+                    // The unit came back to the buyer's shard, offered to its own line first;
+                    // if that line is empty and another shard's is not, move it there now
+                    // rather than at the recovery task's next round. Best effort: the
+                    // recovery task does the same within a second.
                     if let Err(e) = crate::shards::line::feed(store, &sku.sku, sku.shards).await {
-                        tracing::debug!(sku = %sku.sku, error = %e, "could not feed the waitlist after a cancel; the recovery task will");
+                        tracing::debug!(sku = %sku.sku, error = %e, "could not feed the waitlists after a cancel; the recovery task will");
                     }
                 }
                 return Ok(answer);

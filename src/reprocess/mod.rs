@@ -246,36 +246,17 @@ impl Reprocessor {
         Ok(())
     }
 
-    /// Whether shard 0 holds the claim as a hold: on a sharded SKU only an offer lives
-    /// there for a buyer routed elsewhere (an offer's hold record stays until its final
-    /// status is written, which a parked claim never has).
-    async fn offer_on_shard_0(&self, row: &PendingRow) -> Result<bool, StoreError> {
-        let holds = self.store.keys(&row.sku).holds();
-        let mut con = self.store.hot();
-        self.store
-            .bounded(async {
-                Ok(redis::cmd("HEXISTS")
-                    .arg(holds)
-                    .arg(row.claim_id.to_string())
-                    .query_async(&mut con)
-                    .await?)
-            })
-            .await
-    }
-
     /// Runs compensate.lua in `mode` ("fence" or "give") for this process's token.
     async fn marker(&self, row: &PendingRow, mode: &str) -> Result<i64, StoreError> {
-        // The claim's units and its buyer's count are in the buyer's shard (src/shards/), a
-        // waitlist offer's on shard 0 with the line (src/shards/line.rs).
+        // The claim's units and its buyer's count are in the buyer's shard (src/shards/).
         let shards = crate::shards::count(&self.db, &row.sku)
             .await
             .map_err(|e| StoreError::Unavailable(format!("catalog: {e}")))?;
-        let name = if shards > 1 && self.offer_on_shard_0(row).await? {
-            row.sku.clone()
-        } else {
-            crate::shards::name_for_user(&row.sku, shards, &row.user_id)
-        };
-        let keys = self.store.keys(&name);
+        let keys = self.store.keys(&crate::shards::name_for_user(
+            &row.sku,
+            shards,
+            &row.user_id,
+        ));
         let marker = keys.compensation(&row.claim_id);
         let idem = match &row.idempotency_key {
             Some(k) => keys.idempotency(&row.user_id, k),

@@ -15,9 +15,10 @@
 //!   answered only when every shard is dry and no transfer is in flight;
 //! - the recovery task ([`recovery`]): finishes transfers a gateway began and did not finish,
 //!   and feeds the waitlist;
-//! - the waitlist ([`line`]): one line per SKU, on shard 0; a join first checks that the other
-//!   shards are dry, and units that come back on them are moved to shard 0 while anybody
-//!   waits, where they are offered to the line before open stock;
+//! - the waitlist ([`line`]): one line per shard, joined by the buyers routed there (so an
+//!   offer counts where the buyer's other claims do); a join first checks that the other
+//!   shards are dry, and open stock on shards with an empty line is moved to shards whose
+//!   line has waiters, where it is offered to the line before open stock;
 //! - the writer names a row's SKU from the shard's name (`keys::split_shard`), the SKU view
 //!   sums the shards ([`view`]), restock moves shard 0, restore rebuilds every shard.
 //!

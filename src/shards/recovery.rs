@@ -1,7 +1,7 @@
 //! Finishes transfers that a gateway began and did not finish (it died, or lost Redis's answer
-//! between two steps), and feeds the waitlists: while a sharded SKU's line (on shard 0) has
-//! waiting entries, units that came back on its other shards are moved to shard 0 to be
-//! offered there ([`super::line::feed`]). Runs in every gateway; every step is fenced by the
+//! between two steps), and feeds the waitlists: while some shard's line of a sharded SKU has
+//! waiting entries, open stock on its shards with an empty line is moved there to be offered
+//! ([`super::line::feed`]). Runs in every gateway; every step is fenced by the
 //! transfer id, so two gateways finishing the same transfer, or feeding the same line, move
 //! each unit once.
 
@@ -91,7 +91,7 @@ impl Recovery {
                     tracing::debug!(
                         sku,
                         units,
-                        "moved units that came back on other shards to the waitlist's shard"
+                        "moved open stock to shards whose waitlist has waiters"
                     );
                 }
                 Err(e) => {

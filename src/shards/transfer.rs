@@ -6,7 +6,7 @@
 //!    pending transfers;
 //! 2. `transfer_in.lua` on the recipient gives them back once per id (a record of the applied
 //!    id, kept [`super::TRANSFER_RECORD_TTL_SECS`]): offered to its waitlist's head first
-//!    (only shard 0 has a line), the rest to its stock;
+//!    (each shard has a line of its own, src/shards/line.rs), the rest to its stock;
 //! 3. `finish_transfer.lua` on the donor removes the pending record and the units from
 //!    `transfer_out`.
 //!
@@ -35,7 +35,7 @@ struct TransferScripts {
 
 static SCRIPTS: LazyLock<TransferScripts> = LazyLock::new(|| TransferScripts {
     take: Script::new(include_str!("../../lua/transfer_out.lua")),
-    // Step 2 gives its units back through `give_back`, so that a shard's waitlist (shard 0's)
+    // Step 2 gives its units back through `give_back`, so that the recipient shard's waitlist
     // is offered them before open stock is: the shared library goes first, as for every
     // script that gives units back (src/scripts.rs).
     apply: Script::new(concat!(
