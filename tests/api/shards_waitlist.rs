@@ -1,7 +1,10 @@
-//! The waitlist of a sharded SKU (src/shards/line.rs): one line on shard 0, joined only once
-//! every shard is dry, fed by units that come back on any shard before open stock gets them,
-//! offers confirmed and declined on shard 0 whatever shard their buyer's claims route to.
-//! Lapsed, expired and restored offers: tests/api/shards_offers.rs.
+//! The waitlists of a sharded SKU (src/shards/line.rs): a line per shard, joined by the buyers
+//! routed there only once every shard is dry, fed by units that come back on any shard before
+//! open stock gets them (across shards, the line whose head joined first first), offers held,
+//! confirmed and declined on their buyer's own shard. Lapsed, expired and restored offers, and
+//! the per-user limit with an offer held: tests/api/shards_offers.rs.
+
+use std::collections::BTreeMap;
 
 use std::time::Duration;
 
@@ -69,11 +72,32 @@ pub(crate) async fn stocks(app: &TestApp, sku: &str) -> Vec<i64> {
     out
 }
 
-/// (user, status) of the SKU's `waitlist` rows, in join order.
-pub(crate) async fn line_rows(app: &TestApp, sku: &str) -> Vec<(String, String)> {
-    sqlx::query_as("SELECT user_id, status FROM waitlist WHERE sku = $1 ORDER BY position")
-        .bind(sku)
-        .fetch_all(&app.db)
+/// user -> status of the SKU's `waitlist` rows (join orders are per shard, so no one order
+/// of the SKU's rows means anything across shards).
+pub(crate) async fn line_rows(app: &TestApp, sku: &str) -> BTreeMap<String, String> {
+    let rows: Vec<(String, String)> =
+        sqlx::query_as("SELECT user_id, status FROM waitlist WHERE sku = $1")
+            .bind(sku)
+            .fetch_all(&app.db)
+            .await
+            .unwrap();
+    rows.into_iter().collect()
+}
+
+/// user -> status, for comparing with [`line_rows`].
+pub(crate) fn statuses<const N: usize>(rows: [(&String, &str); N]) -> BTreeMap<String, String> {
+    rows.into_iter()
+        .map(|(u, s)| (u.clone(), s.to_string()))
+        .collect()
+}
+
+/// Entries waiting in the line of shard `shard` of `sku`, as Redis has it.
+pub(crate) async fn line_len(app: &TestApp, sku: &str, shard: u16) -> i64 {
+    let line = format!("{}:{{{}}}:wl", app.probe.prefix, shard_name(sku, shard));
+    let mut con = app.probe.redis.clone();
+    redis::cmd("ZCARD")
+        .arg(line)
+        .query_async(&mut con)
         .await
         .unwrap()
 }
@@ -105,7 +129,8 @@ async fn a_sharded_sku_takes_joins_only_once_every_shard_is_dry() {
     assert_eq!(stocks(&app, &sku).await, vec![1, 1, 1]);
     let buyers: Vec<String> = (0..3).map(|i| on_shard("swj-b", i, 1).remove(0)).collect();
     let waiter = on_shard("swj-w", 0, 1).remove(0);
-    // Shard by shard: while any shard has stock, shard 0's own being 0 does not matter.
+    let second = on_shard("swj-w", 1, 1).remove(0);
+    // Shard by shard: while any shard has stock, the joiner's own being 0 does not matter.
     for b in &buyers {
         let (s, body) = join(&app, &sku, &waiter).await;
         assert_eq!(
@@ -121,29 +146,32 @@ async fn a_sharded_sku_takes_joins_only_once_every_shard_is_dry() {
     assert_eq!((s, first["position"].as_i64()), (201, Some(1)), "{first}");
     let (s, again) = join(&app, &sku, &waiter).await;
     assert_eq!((s, &again["entry_id"]), (200, &first["entry_id"]));
-    // A buyer at its limit on its own shard (2) may not join the line on shard 0.
+    // The next joiner, routed to shard 1, heads the line of its own shard.
+    let (s, other) = join(&app, &sku, &second).await;
+    assert_eq!((s, other["position"].as_i64()), (201, Some(1)), "{other}");
+    // A buyer at its limit on its own shard (2) may not join that shard's line.
     let (s, body) = join(&app, &sku, &buyers[2]).await;
     assert_eq!((s, code(&body)), (409, "limit_reached"));
-    // The line is on shard 0 only.
-    let line = |i: u16| format!("{}:{{{}}}:wl", app.probe.prefix, shard_name(&sku, i));
-    let mut con = app.probe.redis.clone();
-    for (i, want) in [(0u16, 1i64), (1, 0), (2, 0)] {
-        let n: i64 = redis::cmd("ZCARD")
-            .arg(line(i))
-            .query_async(&mut con)
-            .await
-            .unwrap();
-        assert_eq!(n, want, "line on shard {i}");
+    // Each entry is in the line of its joiner's shard.
+    for (i, want) in [(0u16, 1i64), (1, 1), (2, 0)] {
+        assert_eq!(line_len(&app, &sku, i).await, want, "line on shard {i}");
     }
+    // The owner reads its entry on its own shard; the admin finds it on any.
+    let id = other["entry_id"].as_str().unwrap();
+    assert_eq!(entry(&app, id, &second).await["position"], 1);
+    let (s, body) = get_as(&app, &format!("/v1/waitlist/{id}"), ADMIN).await;
+    assert_eq!((s, body["user"].as_str()), (200, Some(second.as_str())));
+    let (s, _) = get_as(&app, &format!("/v1/waitlist/{id}"), &token(&waiter)).await;
+    assert_eq!(s, 404, "not another buyer's");
     let v = settled_shards(&app, &sku, 3).await;
     assert_eq!(
         (v["waiting"].as_i64(), v["consistent"].as_bool()),
-        (Some(1), Some(true))
+        (Some(2), Some(true))
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hold_cancelled_on_shard_2_is_offered_once_to_the_head_of_the_line_on_shard_0() {
+async fn a_hold_cancelled_on_a_shard_without_a_line_is_offered_once_to_the_earliest_head() {
     let app = spawn_app().await;
     let sku = declare(&app, "swo", 3, 600).await;
     let buyers: Vec<String> = (0..3).map(|i| on_shard("swo-b", i, 1).remove(0)).collect();
@@ -151,9 +179,10 @@ async fn a_hold_cancelled_on_shard_2_is_offered_once_to_the_head_of_the_line_on_
     for b in &buyers {
         holds.push(hold(&app, &sku, b).await);
     }
-    // The head routes to shard 2, the next to shard 1, the last to shard 0.
-    let waiters: Vec<String> = [2, 1, 0]
-        .map(|i| on_shard("swo-w", i, 1).remove(0))
+    // The first joiner routes to shard 1, the next to shard 0, the last to shard 1 again;
+    // nobody waits on shard 2.
+    let waiters: Vec<String> = [("swo-w0", 1), ("swo-w1", 0), ("swo-w2", 1)]
+        .map(|(p, i)| on_shard(p, i, 1).remove(0))
         .to_vec();
     let mut ids = Vec::new();
     for w in &waiters {
@@ -161,11 +190,13 @@ async fn a_hold_cancelled_on_shard_2_is_offered_once_to_the_head_of_the_line_on_
         assert_eq!(s, 201, "{b}");
         ids.push(b["entry_id"].as_str().unwrap().to_string());
     }
+    // The unit comes back on shard 2, where no line is: it is moved to the line whose head
+    // joined first (shard 1's), not to shard 0's.
     let (s, _) = decide(&app, &holds[2], "cancel", &buyers[2]).await;
     assert_eq!(s, 200);
     until_status(&app, &ids[0], &waiters[0], "offered").await;
     assert_eq!(entry(&app, &ids[1], &waiters[1]).await["position"], 1);
-    assert_eq!(entry(&app, &ids[2], &waiters[2]).await["position"], 2);
+    assert_eq!(entry(&app, &ids[2], &waiters[2]).await["position"], 1);
     assert_eq!(
         stocks(&app, &sku).await,
         vec![0, 0, 0],
@@ -175,16 +206,19 @@ async fn a_hold_cancelled_on_shard_2_is_offered_once_to_the_head_of_the_line_on_
         let r = app.claim(&sku, &u, 1, None).await;
         assert_eq!(r.status(), 409, "nobody outside the line buys");
     }
-    // The head (routed to shard 2) confirms its offer, which lives on shard 0; the next in
-    // line (routed to shard 1) leaves the line on shard 0.
+    // The head confirms its offer, held on its own shard 1 with its count; the next in line
+    // (routed to shard 0) leaves its line.
     let offer = entry(&app, &ids[0], &waiters[0]).await;
     let offer_id = offer["claim_id"].as_str().unwrap().to_string();
     let (s, b) = decide(&app, &offer_id, "confirm", &waiters[0]).await;
     assert_eq!((s, b["status"].as_str()), (200, Some("confirmed")), "{b}");
     assert_eq!(
-        app.held(&sku, &waiters[0]).await,
-        1,
-        "the offer counts on shard 0"
+        (
+            app.held(&shard_name(&sku, 1), &waiters[0]).await,
+            app.held(&sku, &waiters[0]).await
+        ),
+        (1, 0),
+        "the offer counts on its buyer's shard"
     );
     let r = app
         .http
@@ -201,11 +235,11 @@ async fn a_hold_cancelled_on_shard_2_is_offered_once_to_the_head_of_the_line_on_
     assert_eq!(live_units(&app, &sku).await, 3, "3 units, each sold once");
     assert_eq!(
         line_rows(&app, &sku).await,
-        vec![
-            (waiters[0].clone(), "claimed".into()),
-            (waiters[1].clone(), "left".into()),
-            (waiters[2].clone(), "waiting".into()),
-        ]
+        statuses([
+            (&waiters[0], "claimed"),
+            (&waiters[1], "left"),
+            (&waiters[2], "waiting"),
+        ])
     );
     assert_eq!(
         (
@@ -228,7 +262,8 @@ async fn a_burst_of_buyers_on_every_shard_never_takes_an_offered_unit() {
     for b in &buyers {
         holds.push(hold(&app, &sku, b).await);
     }
-    let waiters = users("swb-w", 3);
+    // One waiter per shard, each in its own shard's line.
+    let waiters: Vec<String> = (0..3).map(|i| on_shard("swb-w", i, 1).remove(0)).collect();
     let mut ids = Vec::new();
     for w in &waiters {
         ids.push(
@@ -238,8 +273,8 @@ async fn a_burst_of_buyers_on_every_shard_never_takes_an_offered_unit() {
                 .to_string(),
         );
     }
-    // One hold cancelled on each shard: three offers, in line order. A fourth, on shard 2,
-    // finds nobody waiting: open stock.
+    // One hold cancelled on each shard: each offered to that shard's waiter. A fourth, on
+    // shard 2, finds nobody waiting on any shard: open stock.
     for i in [0, 2, 4] {
         assert_eq!(decide(&app, &holds[i], "cancel", &buyers[i]).await.0, 200);
         let n = i / 2;
