@@ -3,6 +3,9 @@
 -- KEYS[1..8] the lifecycle keys of the SKU (see lib/lifecycle.lua)
 -- ARGV[1]    the new entry's id (minted by the gateway; an offer made to it uses it as claim id)
 -- ARGV[2]    user id
+-- ARGV[3]    "1" when another shard of the SKU holds units or a transfer between shards is in
+--            flight (checked by the gateway just before; "0" on a SKU of one shard): units
+--            remain, as when this shard's stock is above 0; "0" otherwise
 --
 -- Returns {code, entry_id, position}:
 --   1  joined now: the new entry and its place in line (1 = next to be offered)
@@ -14,7 +17,11 @@
 --  -1  the SKU state is missing or stale (fail closed)
 --
 -- Invariant: one live entry per user and SKU, in join order; an entry is taken only while the
--- stock is 0 (units that come back go to the line before open stock, see give_back).
+-- stock is 0 (units that come back go to the line before open stock, see give_back). On a
+-- sharded SKU this script runs on the joiner's own shard, whose line it joins, after the
+-- gateway found every other shard dry with nothing in transit (not atomically with this
+-- check: see src/shards/line.rs); the per-user count it checks is the one every claim of the
+-- user moves, and the offer give_back makes here is counted in it too.
 local eid, user = ARGV[1], ARGV[2]
 local head = redis.call('HMGET', KEYS[1], 'stock', 'limit', 'seq', 'stale', 'opens_ms',
   'closes_ms')
@@ -38,7 +45,7 @@ end
 if head[6] and now >= tonumber(head[6]) then
   return {6, '', 0}
 end
-if tonumber(head[1]) > 0 then
+if tonumber(head[1]) > 0 or ARGV[3] == '1' then
   return {3, '', 0}
 end
 if tonumber(redis.call('HGET', KEYS[2], user) or '0') >= tonumber(head[2]) then

@@ -1,24 +1,30 @@
--- transfer_in.lua: step 2 of a transfer between two shards of one SKU: add the units a donor
--- took out (transfer_out.lua) to the recipient shard's stock, once per transfer id.
+-- transfer_in.lua: step 2 of a transfer between two shards of one SKU: give the units a donor
+-- took out (transfer_out.lua) back on the recipient shard, once per transfer id: to the head
+-- of the recipient's waitlist first (give_back, lib/lifecycle.lua, prepended), the rest to its
+-- open stock. Every shard of a sharded SKU has a line of its own (src/shards/line.rs); on a
+-- shard whose line is empty every unit goes to the stock.
 --
--- KEYS[1]  the recipient shard's state hash              <prefix>:{<sku>[#i]}:state
--- KEYS[2]  the record that this transfer was applied here <prefix>:{<sku>[#i]}:xfer:in:<id>
--- ARGV[1]  units (as the donor's record has them)
--- ARGV[2]  the donor's generation when it took them (see transfer_out.lua)
--- ARGV[3]  how long the applied record is kept, seconds (far longer than any transfer can
---          stay pending while a gateway runs)
+-- KEYS[1..8] the recipient shard's lifecycle keys (see lib/lifecycle.lua); KEYS[1] is its
+--            state hash <prefix>:{<sku>[#i]}:state
+-- KEYS[9]    the record that this transfer was applied here <prefix>:{<sku>[#i]}:xfer:in:<id>
+-- ARGV[1]    units (as the donor's record has them)
+-- ARGV[2]    the donor's generation when it took them (see transfer_out.lua)
+-- ARGV[3]    how long the applied record is kept, seconds (far longer than any transfer can
+--            stay pending while a gateway runs)
 --
--- Returns 1 when the units were added now, 2 when this transfer was applied before (nothing
--- changes), -4 when the recipient's generation differs (a restore rebuilt the SKU since the
--- units were taken: they are counted in its stock already, so they are never added), -1 when
--- the recipient's state is missing, -3 when it is marked stale (nothing changes in either
--- case; the transfer stays pending until a restore ends it).
+-- Returns 1 when the units were given back now, 2 when this transfer was applied before
+-- (nothing changes), -4 when the recipient's generation differs (a restore rebuilt the SKU
+-- since the units were taken: they are counted in its stock already, so they are never
+-- added), -1 when the recipient's state is missing, -3 when it is marked stale (nothing
+-- changes in either case; the transfer stays pending until a restore ends it).
 --
--- Publishes KEYS[1] on <prefix>:units-back when it raises the stock (src/soldout.rs).
+-- Publishes KEYS[1] on <prefix>:units-back when it raises the stock (give_back; src/soldout.rs).
 --
--- Invariant: a transfer's units are added at most once, and only to the generation of the
--- state they were taken from; the state's `seq` moves with the stock.
-local state, applied = KEYS[1], KEYS[2]
+-- Invariant: a transfer's units are given back at most once, and only to the generation of
+-- the state they were taken from; while the recipient's line has waiting entries its units
+-- are offered there before any reaches open stock (so the recovery task's moves to a shard with
+-- waiters serve its line first); the state's `seq` moves with every change journaled.
+local state, applied = KEYS[1], KEYS[9]
 if redis.call('EXISTS', applied) == 1 then
   return 2
 end
@@ -32,9 +38,7 @@ end
 if (head[4] or '') ~= ARGV[2] then
   return -4
 end
-redis.call('HSET', state, 'stock', tonumber(head[1]) + tonumber(ARGV[1]),
-  'seq', tonumber(head[3] or '0') + 1)
+local seq = give_back(tonumber(ARGV[1]), redis_now(), tonumber(head[3] or '0') + 1)
+redis.call('HSET', state, 'seq', seq)
 redis.call('SET', applied, ARGV[1], 'EX', ARGV[3])
--- Units are back on this shard: every gateway's sold-out cache forgets the SKU.
-redis.call('PUBLISH', (string.gsub(KEYS[1], '{[^{]*$', 'units-back')), KEYS[1])
 return 1

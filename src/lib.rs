@@ -53,7 +53,9 @@
 //! - [`shards`]: one hot SKU spread over several Redis SKUs (`sku`, `sku#1`, ...): buyers
 //!   routed by a stable hash of the user id, units borrowed between shards by fenced
 //!   transfers (`shards/transfer.rs`, `shards/borrow.rs`), transfers left half done finished
-//!   by a task in every gateway (`shards/recovery.rs`), the shards summed for the SKU view
+//!   by a task in every gateway (`shards/recovery.rs`), which also moves open stock from shards
+//!   with an empty waitlist to shards whose line has waiters (`shards/line.rs`: a line per
+//!   shard, joined by the buyers routed there), the shards summed for the SKU view
 //!   (`shards/view.rs`), each shard's high-water mark (`shards/marks.rs`).
 //! - [`config`], [`db`] (the ledger's pool and the request path's, kept apart), [`metrics`],
 //!   [`app`] (build, bind, run), [`cli`] (subcommands).

@@ -7,8 +7,10 @@
 //!
 //! Cost per round (every `DROPGATE_SKU_GAUGES_INTERVAL_MS`, 5 s by default), bounded whatever
 //! the catalog's size: one PING, one `SELECT 1`, one page of the catalog, and for each of at
-//! most [`SKUS_PER_ROUND`] SKUs one HMGET and one SKU view ([`crate::ledger::view`]: an HMGET
-//! and one ledger query, taken again up to four times while claims straddle the snapshot). A
+//! most [`SKUS_PER_ROUND`] SKUs one pipelined HMGET + ZCOUNT + ZCARD (its line) per shard (one
+//! for a SKU of one shard; a sharded SKU fails closed when any shard is lost or stale) and one
+//! SKU view ([`crate::ledger::view`]: an HMGET per shard and one ledger query, taken
+//! again up to four times while claims straddle the snapshot). A
 //! larger catalog is walked a page per round, so each SKU is refreshed every
 //! `ceil(skus / SKUS_PER_ROUND)` rounds. A round never outlives its interval. Every gateway
 //! runs its own observer: dashboards aggregate the gauges with `max by (sku)`.
@@ -154,8 +156,8 @@ impl Observer {
             // The catalog cannot be read: nothing per SKU to refresh.
             return;
         }
-        let page: Vec<(String, bool)> = match sqlx::query_as(
-            "SELECT sku, seeded FROM skus WHERE sku > $1 ORDER BY sku LIMIT $2",
+        let page: Vec<(String, bool, i32)> = match sqlx::query_as(
+            "SELECT sku, seeded, shards FROM skus WHERE sku > $1 ORDER BY sku LIMIT $2",
         )
         .bind(&self.after)
         .bind(SKUS_PER_ROUND)
@@ -169,61 +171,112 @@ impl Observer {
             }
         };
         self.after = match page.last() {
-            Some((last, _)) if page.len() as i64 == SKUS_PER_ROUND => last.clone(),
+            Some((last, _, _)) if page.len() as i64 == SKUS_PER_ROUND => last.clone(),
             _ => String::new(),
         };
-        for (sku, seeded) in page {
+        for (sku, seeded, shards) in page {
             if redis.is_err() {
                 m::sku_redis_unknown(&sku);
                 continue;
             }
-            self.observe(&sku, seeded).await;
+            self.observe(&sku, seeded, shards).await;
         }
     }
 
-    async fn observe(&self, sku: &str, seeded: bool) {
-        let keys = self.store.keys(sku);
-        let mut con = self.store.hot();
-        let head: Result<(Option<i64>, Option<String>), StoreError> = self
-            .store
-            .bounded(async {
-                Ok(redis::cmd("HMGET")
-                    .arg(keys.state())
-                    .arg("stock")
-                    .arg("stale")
-                    .query_async(&mut con)
-                    .await?)
-            })
-            .await;
-        match head {
-            // Never seeded: a declare whose Redis step has not happened yet, not a loss.
-            Ok((None, _)) if !seeded => {}
-            Ok((None, _)) => self.closed.close(sku, Closed::Lost),
-            Ok((Some(_), Some(_))) => self.closed.close(sku, Closed::Stale),
-            Ok((Some(_), None)) => self.closed.open(sku),
-            // No answer: no news either way; the view below turns the Redis side NaN.
-            Err(_) => {}
+    async fn observe(&self, sku: &str, seeded: bool, shards: i32) {
+        // Every shard of a sharded SKU (src/shards/): the SKU fails closed as a whole when any
+        // shard is lost or stale, and its holds and lines live on every shard.
+        let mut heads = Vec::with_capacity(shards.max(1) as usize);
+        let mut ghosts = Some(0);
+        let mut line = Some(0);
+        for name in crate::shards::names(sku, shards) {
+            let keys = self.store.keys(&name);
+            let mut con = self.store.hot();
+            type Read = (StateHead, i64, i64);
+            let read: Result<Read, StoreError> = self
+                .store
+                .bounded(async {
+                    Ok(redis::pipe()
+                        .cmd("HMGET")
+                        .arg(keys.state())
+                        .arg("stock")
+                        .arg("stale")
+                        // Holds past their time not yet expired (the expiry worker's backlog).
+                        .cmd("ZCOUNT")
+                        .arg(keys.expiry())
+                        .arg("-inf")
+                        .arg(crate::claims::now_ms())
+                        // The shard's line (a sharded SKU has one per shard, src/shards/line.rs).
+                        .cmd("ZCARD")
+                        .arg(keys.waitlist())
+                        .query_async(&mut con)
+                        .await?)
+                })
+                .await;
+            (ghosts, line) = match (&read, ghosts, line) {
+                (Ok((_, n, w)), Some(sum), Some(waiting)) => (Some(sum + n), Some(waiting + w)),
+                _ => (None, None),
+            };
+            heads.push(read.map(|(head, _, _)| head));
         }
-        // Holds past their time not yet expired (the expiry worker's backlog), and the line.
-        let mut con = self.store.hot();
-        let lifecycle: Result<(i64, i64), StoreError> = self
-            .store
-            .bounded(async {
-                Ok(redis::pipe()
-                    .cmd("ZCOUNT")
-                    .arg(keys.expiry())
-                    .arg("-inf")
-                    .arg(crate::claims::now_ms())
-                    .cmd("ZCARD")
-                    .arg(keys.waitlist())
-                    .query_async(&mut con)
-                    .await?)
-            })
-            .await;
-        m::sku_lifecycle(sku, lifecycle.ok());
+        match fail_closed(&heads) {
+            // Never seeded: a declare whose Redis step has not happened yet, not a loss.
+            Some(Some(Closed::Lost)) if !seeded => {}
+            Some(Some(why)) => self.closed.close(sku, why),
+            Some(None) => self.closed.open(sku),
+            // No answer: no news either way; the view below turns the Redis side NaN.
+            None => {}
+        }
+        m::sku_lifecycle(sku, ghosts.zip(line));
         match ledger::view(&self.store, &self.catalog, sku).await {
             Ok(v) => m::sku_view(&v),
             Err(e) => tracing::debug!(sku, error = %e, "observer could not read the SKU view"),
         }
+    }
+}
+
+/// A shard state's `stock` and `stale` fields.
+type StateHead = (Option<i64>, Option<String>);
+
+/// Whether a SKU whose shards' state heads (`stock`, `stale`) are `heads` fails closed, and
+/// why: lost when any shard's state is missing, else stale when any is stale; `Some(None)`
+/// when every shard is open; `None` when some shard did not answer and none is closed (no
+/// news either way).
+fn fail_closed(heads: &[Result<StateHead, StoreError>]) -> Option<Option<Closed>> {
+    let mut answered = true;
+    let mut why = None;
+    for head in heads {
+        match head {
+            Ok((None, _)) => return Some(Some(Closed::Lost)),
+            Ok((Some(_), Some(_))) => why = Some(Closed::Stale),
+            Ok((Some(_), None)) => {}
+            Err(_) => answered = false,
+        }
+    }
+    match why {
+        Some(w) => Some(Some(w)),
+        None if answered => Some(None),
+        None => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sku_fails_closed_when_any_shard_does() {
+        let open = || Ok((Some(3), None));
+        let stale = || Ok((Some(3), Some("behind".to_string())));
+        let lost = || Ok((None, None));
+        let silent = || Err(StoreError::Timeout);
+        assert_eq!(fail_closed(&[open(), open()]), Some(None));
+        assert_eq!(fail_closed(&[open(), stale()]), Some(Some(Closed::Stale)));
+        assert_eq!(
+            fail_closed(&[stale(), lost(), open()]),
+            Some(Some(Closed::Lost))
+        );
+        assert_eq!(fail_closed(&[open(), silent()]), None, "no news");
+        assert_eq!(fail_closed(&[silent(), stale()]), Some(Some(Closed::Stale)));
     }
 }

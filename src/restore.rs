@@ -154,7 +154,9 @@ pub async fn restore(
             .arg(terms.offer_ms)
             .arg(terms.opens_ms.map_or(String::new(), |v| v.to_string()))
             .arg(terms.closes_ms.map_or(String::new(), |v| v.to_string()))
-            .arg(if i == 0 { wl_order } else { 0 });
+            // Every shard's line continues above the highest join order the ledger has (each
+            // shard numbers its own line's joins; src/shards/line.rs).
+            .arg(wl_order);
         if sharded {
             // The generation: no transfer begun before this restore applies to its states.
             inv.arg(epoch);

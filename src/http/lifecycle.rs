@@ -86,11 +86,6 @@ pub(super) async fn join_waitlist(
         .await
         .map_err(ApiError::from)?
         .ok_or(ApiError::UnknownSku)?;
-    // The line is one per SKU and offers are made by the shard a unit comes back to: a SKU of
-    // several shards has no waitlist yet (src/shards/), refused before anything is written.
-    if entry.shards > 1 {
-        return Err(ApiError::NoWaitlist);
-    }
     let (status, entry_id, position) = match waitlist::join(&state.store, &entry, &user).await? {
         Joined::New { entry_id, position } => (StatusCode::CREATED, entry_id, position),
         Joined::Existing { entry_id, position } => (StatusCode::OK, entry_id, position),

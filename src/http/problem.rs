@@ -57,8 +57,6 @@ pub enum ApiError {
     ClaimCompensated,
     /// A waitlist join while units remain.
     InStock,
-    /// A waitlist join on a SKU of more than one shard (no waitlist there yet).
-    NoWaitlist,
     /// No such waitlist entry (or not the caller's).
     UnknownEntry,
     /// The gateway sheds load: 429 + Retry-After.
@@ -156,11 +154,6 @@ impl ApiError {
                 StatusCode::CONFLICT,
                 "in_stock",
                 "Units remain: claim them instead",
-            ),
-            NoWaitlist => (
-                StatusCode::CONFLICT,
-                "no_waitlist",
-                "This SKU has no waitlist",
             ),
             UnknownEntry => (
                 StatusCode::NOT_FOUND,

@@ -187,7 +187,8 @@ pub async fn decide(
     op: HoldOp,
 ) -> Result<HoldAnswer, LifecycleError> {
     if let Some(sku) = sku_of(catalog, &id).await? {
-        // On a sharded SKU a hold lives in its buyer's shard: the owner's is known from the
+        // On a sharded SKU a hold lives in its buyer's shard, a waitlist offer too (the line
+        // of the buyer's shard made it, src/shards/line.rs): the owner's is known from the
         // caller; the admin's is found by asking each shard in turn.
         let names = match caller {
             Some(user) if sku.shards > 1 => {
@@ -197,6 +198,15 @@ pub async fn decide(
         };
         for name in names {
             if let Some(answer) = decide_on(store, &name, id, caller, op).await? {
+                if op == HoldOp::Cancel && answer == HoldAnswer::Done && sku.shards > 1 {
+                    // The unit came back to the buyer's shard, offered to its own line first;
+                    // if that line is empty and another shard's is not, move it there now
+                    // rather than at the recovery task's next round. Best effort: the
+                    // recovery task does the same within a second.
+                    if let Err(e) = crate::shards::line::feed(store, &sku.sku, sku.shards).await {
+                        tracing::debug!(sku = %sku.sku, error = %e, "could not feed the waitlists after a cancel; the recovery task will");
+                    }
+                }
                 return Ok(answer);
             }
         }

@@ -10,7 +10,7 @@
 
 pub mod expiry;
 pub mod holds;
-mod records;
+pub(crate) mod records;
 pub mod restore;
 pub mod waitlist;
 

@@ -28,7 +28,7 @@ struct EntryRow {
 }
 
 /// Writes the SKU's holds and line from the ledger (replacing whatever Redis has of them).
-/// Returns the highest join order, which the state's `wl_order` continues from.
+/// Returns the highest join order, which every shard's `wl_order` continues from.
 ///
 /// # Errors
 /// Infrastructure errors; nothing of the state hash is written here.
@@ -39,9 +39,9 @@ pub async fn stage(
     db: &sqlx::PgPool,
     sku: &str,
 ) -> Result<i64, crate::inventory::InventoryError> {
-    // A hold goes back to its buyer's shard (src/shards/); the line, one per SKU, to shard 0
-    // (a sharded SKU takes no waitlist).
-    let keys = &shards[0];
+    // Every hold (an offer too), waitlist entry and line position goes back to its buyer's
+    // shard (src/shards/line.rs: a sharded SKU has one line per shard).
+    let home = |user: &str| usize::from(crate::shards::shard_of_user(user, shards.len() as i32));
     // One pipeline per shard: a pipeline reaches one slot's node on a cluster.
     let mut pipes = ShardPipes::new(shards.len());
     for (i, k) in shards.iter().enumerate() {
@@ -50,16 +50,14 @@ pub async fn stage(
             .del(k.holds())
             .ignore()
             .del(k.expiry())
+            .ignore()
+            .del(k.waitlist())
+            .ignore()
+            .del(k.waitlist_entries())
+            .ignore()
+            .del(k.waitlist_users())
             .ignore();
     }
-    pipes
-        .add(0)
-        .del(keys.waitlist())
-        .ignore()
-        .del(keys.waitlist_entries())
-        .ignore()
-        .del(keys.waitlist_users())
-        .ignore();
     let mut holds = sqlx::query_as::<_, HeldRow>(
         "SELECT i.claim_id, i.user_id, i.quantity,
                 (extract(epoch FROM i.expires_at) * 1000)::bigint AS expires_ms,
@@ -84,15 +82,12 @@ pub async fn stage(
             h.user_id.len(),
             h.user_id
         );
-        let home = usize::from(crate::shards::shard_of_user(
-            &h.user_id,
-            shards.len() as i32,
-        ));
+        let shard = home(&h.user_id);
         pipes
-            .add(home)
-            .hset(shards[home].holds(), &id, rec)
+            .add(shard)
+            .hset(shards[shard].holds(), &id, rec)
             .ignore()
-            .zadd(shards[home].expiry(), &id, h.expires_ms)
+            .zadd(shards[shard].expiry(), &id, h.expires_ms)
             .ignore();
         pipes.flush_full(store, con).await?;
     }
@@ -115,7 +110,8 @@ pub async fn stage(
             e.user_id.len(),
             e.user_id
         );
-        let pipe = pipes.add(0);
+        let keys = &shards[home(&e.user_id)];
+        let pipe = pipes.add(home(&e.user_id));
         pipe.hset(keys.waitlist_entries(), &id, rec)
             .ignore()
             .hset(keys.waitlist_users(), &e.user_id, &id)

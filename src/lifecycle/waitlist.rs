@@ -1,5 +1,7 @@
 //! The waitlist: joining a sold-out SKU's line, reading an entry, leaving. Offers are made by
-//! the scripts that give units back (`give_back` in `lua/lib/lifecycle.lua`), never here.
+//! the scripts that give units back (`give_back` in `lua/lib/lifecycle.lua`), never here. A
+//! sharded SKU has a line per shard (src/shards/line.rs): a buyer's entry lives on the shard
+//! its claims route to, so every call here names the owner's shard (the admin's tries each).
 
 use serde::Serialize;
 use uuid::Uuid;
@@ -51,16 +53,28 @@ pub enum Joined {
 /// # Errors
 /// Redis could not decide (fail closed).
 pub async fn join(store: &Store, sku: &Sku, user: &str) -> Result<Joined, LifecycleError> {
-    let keys = store.keys(&sku.sku);
+    // A sharded SKU's buyer joins the line of its own shard, where its claims and its offer
+    // are counted; the other shards are checked first, not atomically with the join
+    // (src/shards/line.rs).
+    let home = crate::shards::shard_of_user(user, sku.shards);
+    let in_stock_elsewhere = if sku.shards > 1 {
+        crate::shards::line::before_join(store, &sku.sku, sku.shards, home).await?
+    } else {
+        false
+    };
+    let name = crate::keys::shard_name(&sku.sku, home);
+    let keys = store.keys(&name);
     let mut inv = SCRIPTS.join_waitlist.prepare_invoke();
     for k in keys.lifecycle() {
         inv.key(k);
     }
-    inv.arg(crate::ids::mint(sku.tag).to_string()).arg(user);
+    inv.arg(crate::ids::mint(sku.tag).to_string())
+        .arg(user)
+        .arg(if in_stock_elsewhere { "1" } else { "0" });
     let mut con = store.hot();
     let call = store.bounded(async { Ok(inv.invoke_async(&mut con).await?) });
     let (code, id, position): (i64, String, i64) =
-        crate::activity::with_mark(store, &sku.sku, call).await?;
+        crate::activity::with_mark(store, &name, call).await?;
     let entry_id =
         || Uuid::parse_str(&id).map_err(|_| StoreError::Protocol(format!("join: entry {id:?}")));
     Ok(match code {
@@ -91,10 +105,15 @@ pub async fn find(
     entry_id: Uuid,
     caller: Option<&str>,
 ) -> Result<Option<EntryView>, LifecycleError> {
-    let view = match sku_of(catalog, &entry_id).await? {
-        Some(sku) => from_redis(store, &sku.sku, entry_id).await?,
-        None => None,
-    };
+    let mut view = None;
+    if let Some(sku) = sku_of(catalog, &entry_id).await? {
+        for name in entry_shards(&sku, caller) {
+            view = from_redis(store, &sku.sku, &name, entry_id).await?;
+            if view.is_some() {
+                break;
+            }
+        }
+    }
     let view = match view {
         Some(v) => Some(v),
         None => from_ledger(catalog, entry_id).await?,
@@ -102,12 +121,23 @@ pub async fn find(
     Ok(view.filter(|v| caller.is_none_or(|u| u == v.user)))
 }
 
+/// The shards where `caller`'s entry may live: the owner's own shard (its line, src/shards/
+/// line.rs), every shard for the admin; the SKU itself when it has one shard.
+fn entry_shards(sku: &Sku, caller: Option<&str>) -> Vec<String> {
+    match caller {
+        Some(user) => vec![crate::shards::name_for_user(&sku.sku, sku.shards, user)],
+        None => crate::shards::names(&sku.sku, sku.shards),
+    }
+}
+
+/// The entry as `name`'s line holds it; `sku` in the view is the SKU, not the shard.
 async fn from_redis(
     store: &Store,
     sku: &str,
+    name: &str,
     entry_id: Uuid,
 ) -> Result<Option<EntryView>, StoreError> {
-    let keys = store.keys(sku);
+    let keys = store.keys(name);
     let id = entry_id.to_string();
     let mut con = store.hot();
     let (entry, rank, hold): (Option<String>, Option<i64>, Option<String>) = store
@@ -188,21 +218,24 @@ pub async fn leave(
     caller: Option<&str>,
 ) -> Result<Left, LifecycleError> {
     if let Some(sku) = sku_of(catalog, &entry_id).await? {
-        let keys = store.keys(&sku.sku);
-        let mut inv = SCRIPTS.leave_waitlist.prepare_invoke();
-        for k in keys.lifecycle() {
-            inv.key(k);
-        }
-        inv.arg(entry_id.to_string()).arg(caller.unwrap_or(""));
-        let mut con = store.hot();
-        let call = store.bounded(async { Ok(inv.invoke_async(&mut con).await?) });
-        let (code, _status): (i64, String) =
-            crate::activity::with_mark(store, &sku.sku, call).await?;
-        match code {
-            1 => return Ok(Left::Left),
-            2 => return Ok(Left::Ended),
-            -1 => return Err(StoreError::SkuLost.into()),
-            _ => {}
+        for name in entry_shards(&sku, caller) {
+            let keys = store.keys(&name);
+            let mut inv = SCRIPTS.leave_waitlist.prepare_invoke();
+            for k in keys.lifecycle() {
+                inv.key(k);
+            }
+            inv.arg(entry_id.to_string()).arg(caller.unwrap_or(""));
+            let mut con = store.hot();
+            let call = store.bounded(async { Ok(inv.invoke_async(&mut con).await?) });
+            let (code, _status): (i64, String) =
+                crate::activity::with_mark(store, &name, call).await?;
+            match code {
+                1 => return Ok(Left::Left),
+                2 => return Ok(Left::Ended),
+                -1 => return Err(StoreError::SkuLost.into()),
+                // Not on this shard (or not the caller's): the next, then the ledger.
+                _ => {}
+            }
         }
     }
     Ok(match find(store, catalog, entry_id, caller).await? {

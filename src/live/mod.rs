@@ -146,11 +146,24 @@ async fn active_skus(state: &AppState, counts: &HashMap<String, Counts>) -> Vec<
     skus
 }
 
-/// The age of the oldest journal entry: the journal holds only winners not yet written (it is
-/// trimmed below the oldest unacknowledged entry), and an entry id starts with the
-/// millisecond Redis added it. 0 when none waits; `None` when Redis does not answer.
+/// The age of the oldest journal entry of any of the SKU's shards (each shard has a journal
+/// of its own, src/shards/): a journal holds only winners not yet written (it is trimmed below
+/// the oldest unacknowledged entry), and an entry id starts with the millisecond Redis added
+/// it. 0 when none waits; `None` when Redis does not answer for some shard.
 async fn journal_lag(state: &AppState, sku: &str) -> Option<f64> {
-    let key = state.store.keys(sku).journal();
+    let shards = match state.catalog.get(sku).await {
+        Ok(Some(entry)) => entry.shards,
+        _ => 1,
+    };
+    let mut lag: f64 = 0.0;
+    for name in crate::shards::names(sku, shards) {
+        lag = lag.max(shard_journal_lag(state, &name).await?);
+    }
+    Some(lag)
+}
+
+async fn shard_journal_lag(state: &AppState, name: &str) -> Option<f64> {
+    let key = state.store.keys(name).journal();
     let mut con = state.store.hot();
     let head: Vec<(String, HashMap<String, redis::Value>)> = state
         .store

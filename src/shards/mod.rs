@@ -13,7 +13,12 @@
 //! - borrowing ([`borrow`]): a shard that answers sold out takes units from a sibling through a
 //!   two-step transfer ([`transfer`]), and the claim is decided once more; `sold_out` is
 //!   answered only when every shard is dry and no transfer is in flight;
-//! - the recovery task ([`recovery`]): finishes transfers a gateway began and did not finish;
+//! - the recovery task ([`recovery`]): finishes transfers a gateway began and did not finish,
+//!   and feeds the waitlist;
+//! - the waitlist ([`line`]): one line per shard, joined by the buyers routed there (so an
+//!   offer counts where the buyer's other claims do); a join first checks that the other
+//!   shards are dry, and open stock on shards with an empty line is moved to shards whose
+//!   line has waiters, where it is offered to the line before open stock;
 //! - the writer names a row's SKU from the shard's name (`keys::split_shard`), the SKU view
 //!   sums the shards ([`view`]), restock moves shard 0, restore rebuilds every shard.
 //!
@@ -27,6 +32,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use crate::keys::shard_name;
 
 pub mod borrow;
+pub mod line;
 pub mod marks;
 pub mod recovery;
 pub mod transfer;

@@ -1,6 +1,9 @@
 //! Finishes transfers that a gateway began and did not finish (it died, or lost Redis's answer
-//! between two steps). Runs in every gateway; every step is fenced by the transfer id, so two
-//! gateways finishing the same transfer move its units once.
+//! between two steps), and feeds the waitlists: while some shard's line of a sharded SKU has
+//! waiting entries, open stock on its shards with an empty line is moved there to be offered
+//! ([`super::line::feed`]). Runs in every gateway; every step is fenced by the
+//! transfer id, so two gateways finishing the same transfer, or feeding the same line, move
+//! each unit once.
 
 use std::time::Duration;
 
@@ -37,8 +40,9 @@ impl Recovery {
         tracing::info!("shard transfer recovery stopped");
     }
 
-    /// Finishes every pending transfer older than `older_than` of every sharded SKU. Returns
-    /// how many it finished.
+    /// Finishes every pending transfer older than `older_than` of every sharded SKU, then
+    /// feeds each SKU's waitlist ([`super::line::feed`]). Returns how many transfers it
+    /// finished.
     ///
     /// # Errors
     /// The catalog's error (a shard's Redis errors are logged and skipped).
@@ -79,6 +83,19 @@ impl Recovery {
                         applied,
                         "finished a transfer between shards that its gateway left pending"
                     );
+                }
+            }
+            match super::line::feed(&self.store, &sku, shards).await {
+                Ok(0) => {}
+                Ok(units) => {
+                    tracing::debug!(
+                        sku,
+                        units,
+                        "moved open stock to shards whose waitlist has waiters"
+                    );
+                }
+                Err(e) => {
+                    tracing::debug!(sku, error = %e, "could not feed the waitlist; retrying");
                 }
             }
         }

@@ -4,8 +4,9 @@
 //! 1. `transfer_out.lua` on the donor takes units out of its stock, counts them in its
 //!    `transfer_out` field and records `id -> units|recipient|generation|created_ms` in its
 //!    pending transfers;
-//! 2. `transfer_in.lua` on the recipient adds them to its stock once per id (a record of the
-//!    applied id, kept [`super::TRANSFER_RECORD_TTL_SECS`]);
+//! 2. `transfer_in.lua` on the recipient gives them back once per id (a record of the applied
+//!    id, kept [`super::TRANSFER_RECORD_TTL_SECS`]): offered to its waitlist's head first
+//!    (each shard has a line of its own, src/shards/line.rs), the rest to its stock;
 //! 3. `finish_transfer.lua` on the donor removes the pending record and the units from
 //!    `transfer_out`.
 //!
@@ -34,7 +35,13 @@ struct TransferScripts {
 
 static SCRIPTS: LazyLock<TransferScripts> = LazyLock::new(|| TransferScripts {
     take: Script::new(include_str!("../../lua/transfer_out.lua")),
-    apply: Script::new(include_str!("../../lua/transfer_in.lua")),
+    // Step 2 gives its units back through `give_back`, so that the recipient shard's waitlist
+    // is offered them before open stock is: the shared library goes first, as for every
+    // script that gives units back (src/scripts.rs).
+    apply: Script::new(concat!(
+        include_str!("../../lua/lib/lifecycle.lua"),
+        include_str!("../../lua/transfer_in.lua")
+    )),
     finish: Script::new(include_str!("../../lua/finish_transfer.lua")),
 });
 
@@ -168,18 +175,17 @@ pub async fn take(
 pub async fn complete(store: &Store, sku: &str, p: &Pending) -> Result<bool, StoreError> {
     let to = store.keys(&shard_name(sku, p.recipient));
     let mut con = store.hot();
+    let mut apply = SCRIPTS.apply.prepare_invoke();
+    for k in to.lifecycle() {
+        apply.key(k);
+    }
+    apply
+        .key(to.transfer_in(&p.id))
+        .arg(p.units)
+        .arg(&p.generation)
+        .arg(super::TRANSFER_RECORD_TTL_SECS);
     let code: i64 = store
-        .bounded(async {
-            Ok(SCRIPTS
-                .apply
-                .key(to.state())
-                .key(to.transfer_in(&p.id))
-                .arg(p.units)
-                .arg(&p.generation)
-                .arg(super::TRANSFER_RECORD_TTL_SECS)
-                .invoke_async(&mut con)
-                .await?)
-        })
+        .bounded(async { Ok(apply.invoke_async(&mut con).await?) })
         .await?;
     let applied = match code {
         1 | 2 => true,

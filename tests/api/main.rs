@@ -28,6 +28,8 @@ mod restock;
 mod rollback;
 mod services;
 mod shards;
+mod shards_offers;
+mod shards_waitlist;
 mod soldout;
 mod stalls;
 mod waitlist;

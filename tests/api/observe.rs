@@ -71,3 +71,28 @@ async fn a_sku_whose_redis_state_is_lost_is_exported_as_closed_until_it_is_resto
         4.0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_sku_with_one_shard_lost_is_exported_as_closed_until_it_is_restored() {
+    let app = spawn_app_with(|raw| raw.sku_gauges_interval_ms = "100".into()).await;
+    let sku = format!("obsh-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let lost = format!("dropgate_sku_closed{{sku=\"{sku}\",reason=\"lost\"}}");
+    let r =
+        crate::lifecycle::declare_with(&app, &sku, serde_json::json!({"total": 6, "shards": 3}))
+            .await;
+    assert_eq!(r.status(), 201);
+    assert_eq!(series_until(&app, &lost, |_| true).await, 0.0);
+
+    // Redis loses shard 2 only: the SKU fails closed as a whole, and the gauge says so.
+    let mut con = app.probe.redis.clone();
+    let state = format!("{}:{{{sku}#2}}:state", app.probe.prefix);
+    redis::cmd("DEL")
+        .arg(&state)
+        .query_async::<()>(&mut con)
+        .await
+        .unwrap();
+    series_until(&app, &lost, |v| v == 1.0).await;
+
+    assert_eq!(app.restore(&sku, false).await.status(), 200);
+    series_until(&app, &lost, |v| v == 0.0).await;
+}

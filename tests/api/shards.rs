@@ -47,7 +47,7 @@ async fn applied_transfers(app: &TestApp, sku: &str) -> usize {
 }
 
 /// Runs `dropgate reconcile` on the test's database and prefix; panics on a mismatch.
-fn reconcile(redis_url: &str, database_url: &str, prefix: &str) -> String {
+pub(crate) fn reconcile(redis_url: &str, database_url: &str, prefix: &str) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_dropgate"))
         .arg("reconcile")
         .env_clear()
@@ -66,7 +66,7 @@ fn reconcile(redis_url: &str, database_url: &str, prefix: &str) -> String {
     table
 }
 
-fn shard_remaining(view: &Value) -> Vec<i64> {
+pub(crate) fn shard_remaining(view: &Value) -> Vec<i64> {
     view["shards"]
         .as_array()
         .expect("a sharded SKU's view lists its shards")
@@ -76,7 +76,7 @@ fn shard_remaining(view: &Value) -> Vec<i64> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shards_are_declared_once_split_evenly_and_refuse_the_waitlist() {
+async fn shards_are_declared_once_split_evenly_and_refuse_the_waitlist_while_in_stock() {
     let app = spawn_app().await;
     let sku = format!("sh-decl-{}", Uuid::new_v4().simple());
     for bad in [
@@ -121,6 +121,7 @@ async fn shards_are_declared_once_split_evenly_and_refuse_the_waitlist() {
         .unwrap();
     assert_eq!(shards, 3);
 
+    // Units remain on every shard: no line to join (tests/api/shards_waitlist.rs).
     let r = app
         .http
         .post(format!("{}/v1/skus/{sku}/waitlist", app.base))
@@ -129,7 +130,7 @@ async fn shards_are_declared_once_split_evenly_and_refuse_the_waitlist() {
         .await
         .unwrap();
     assert_eq!(r.status(), 409);
-    assert_eq!(code(&r.json().await.unwrap()), "no_waitlist");
+    assert_eq!(code(&r.json().await.unwrap()), "in_stock");
 
     // A SKU of one shard shows no shard lines: its view is unchanged.
     let one = format!("sh-one-{}", Uuid::new_v4().simple());
@@ -581,7 +582,7 @@ async fn a_sharded_sku_known_sold_out_sells_again_when_units_come_back_on_any_sh
 
 /// The view once every shard's journal is written (with holds, `in_flight` nets winners
 /// against units given back, so it alone cannot tell).
-async fn settled_shards(app: &TestApp, sku: &str, shards: u16) -> Value {
+pub(crate) async fn settled_shards(app: &TestApp, sku: &str, shards: u16) -> Value {
     for shard in 0..shards {
         let journal = format!(
             "{}:{{{}}}:journal",
