@@ -42,6 +42,15 @@ pub(crate) async fn declare(app: &TestApp, prefix: &str, total: i64, offer_secon
     sku
 }
 
+/// Redis's clock (TIME), in milliseconds.
+async fn redis_ms(app: &TestApp) -> i64 {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME")
+        .query_async(&mut app.probe.redis.clone())
+        .await
+        .unwrap();
+    secs * 1000 + micros / 1000
+}
+
 pub(crate) async fn join(app: &TestApp, sku: &str, user: &str) -> (u16, Value) {
     post_as(app, &format!("/v1/skus/{sku}/waitlist"), &token(user)).await
 }
@@ -189,6 +198,11 @@ async fn a_hold_cancelled_on_a_shard_without_a_line_is_offered_once_to_the_earli
         let (s, b) = join(&app, &sku, w).await;
         assert_eq!(s, 201, "{b}");
         ids.push(b["entry_id"].as_str().unwrap().to_string());
+        // Heads are compared by Redis's clock at the join: let it tick past this one.
+        let joined = redis_ms(&app).await;
+        while redis_ms(&app).await <= joined {
+            tokio::task::yield_now().await;
+        }
     }
     // The unit comes back on shard 2, where no line is: it is moved to the line whose head
     // joined first (shard 1's), not to shard 0's.
