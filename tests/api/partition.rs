@@ -7,7 +7,7 @@
 
 use std::collections::HashSet;
 use std::process::Command;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -168,6 +168,10 @@ const TOTAL: i64 = 100;
 const BEFORE: usize = 60;
 /// Buyers per SKU during the partition, and for the cut-off SKU after healing.
 const DURING: usize = 300;
+/// Buyers of the cut-off SKU in a second round during the partition.
+const LATER: usize = 100;
+/// Units added to the cut-off SKU after healing.
+const RESTOCK: i64 = 50;
 
 /// Waits until the writer has drained `sku` (the view answers, nothing in flight or pending).
 async fn drained(api: &Api, sku: &str, limit: Duration) -> serde_json::Value {
@@ -217,6 +221,20 @@ async fn wave(api: &Api, skus: &[String], all: &[Buyer]) -> Vec<Tally> {
         per_sku[i].add(std::slice::from_ref(b), vec![r]);
     }
     per_sku
+}
+
+/// The lowest stock of each SKU seen in Redis until `go` is cleared (sampled every 20 ms).
+async fn lowest_stock(probe: ClusterProbe, skus: Vec<String>, go: Arc<AtomicBool>) -> Vec<i64> {
+    let mut lowest = vec![i64::MAX; skus.len()];
+    while go.load(Ordering::Relaxed) {
+        for (sku, low) in skus.iter().zip(lowest.iter_mut()) {
+            if let Some(s) = probe.stock(sku).await {
+                *low = (*low).min(s);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    lowest
 }
 
 fn summary(t: &Tally) -> String {
@@ -279,6 +297,11 @@ async fn a_gateway_cut_off_from_one_master_fails_closed_on_its_skus_and_sells_th
     let cut = skus.len() - 1;
     let cut_host = cluster.host_of(masters[cut]).to_string();
 
+    // Every SKU's stock as Redis holds it, read all through the test from this host (which
+    // the partition does not cut): its lowest value is checked at the end.
+    let sampling = Arc::new(AtomicBool::new(true));
+    let sampler = tokio::spawn(lowest_stock(probe.clone(), skus.clone(), sampling.clone()));
+
     // A drop under way on every master before the partition: every buyer wins.
     let first: Vec<Buyer> = skus
         .iter()
@@ -301,7 +324,7 @@ async fn a_gateway_cut_off_from_one_master_fails_closed_on_its_skus_and_sells_th
         .iter()
         .flat_map(|s| buyers(s, &format!("{s}-b"), DURING))
         .collect();
-    let during = wave(&api, &skus, &second).await;
+    let mut during = wave(&api, &skus, &second).await;
     let left = TOTAL - BEFORE as i64;
     for (i, (sku, t)) in skus.iter().zip(&during).enumerate() {
         eprintln!(
@@ -331,6 +354,25 @@ async fn a_gateway_cut_off_from_one_master_fails_closed_on_its_skus_and_sells_th
             assert_eq!(probe.stock(sku).await, Some(0), "{sku}");
         }
     }
+    // Still cut off, once the gateway has seen its calls to that master time out: a second
+    // round on the cut-off SKU alone meets a connection known to be broken.
+    let cut_sku = &skus[cut];
+    let again = buyers(cut_sku, &format!("{cut_sku}-b2"), LATER);
+    let later = wave(&api, std::slice::from_ref(cut_sku), &again)
+        .await
+        .remove(0);
+    eprintln!("{cut_sku} later in the partition: {}", summary(&later));
+    assert!(
+        later.other.is_empty()
+            && later.no_answer == 0
+            && later.won.is_empty()
+            && later.sold_out == 0,
+        "{cut_sku}: a cut-off master's SKU answers only 503: {}",
+        summary(&later)
+    );
+    assert_eq!(probe.stock(cut_sku).await, Some(left), "{cut_sku}");
+    during[cut].unavailable.extend(later.unavailable);
+    during[cut].unknown.extend(later.unknown);
     let partitioned_for = cut_at.elapsed();
 
     // Heal; every outcome_unknown settles, and the writer drains every SKU.
@@ -344,7 +386,6 @@ async fn a_gateway_cut_off_from_one_master_fails_closed_on_its_skus_and_sells_th
     for sku in &skus {
         drained(&api, sku, Duration::from_secs(60)).await;
     }
-    let cut_sku = &skus[cut];
     let stock = probe.stock(cut_sku).await.expect("the cut-off SKU's state");
     assert_eq!(
         stock,
@@ -352,7 +393,15 @@ async fn a_gateway_cut_off_from_one_master_fails_closed_on_its_skus_and_sells_th
         "{cut_sku}: only the outcome_unknown claims that settled as won took units"
     );
 
-    // After healing, the cut-off SKU sells exactly what is left.
+    // After healing, the cut-off SKU sells exactly what is left, and more units added now
+    // (the claims queued during the partition may have taken every unit left).
+    assert_eq!(api.restock(cut_sku, RESTOCK).await.status(), 200);
+    let stock = stock + RESTOCK;
+    assert_eq!(
+        probe.stock(cut_sku).await,
+        Some(stock),
+        "{cut_sku} restocked"
+    );
     let third = buyers(cut_sku, &format!("{cut_sku}-c"), DURING);
     let after = wave(&api, std::slice::from_ref(cut_sku), &third)
         .await
@@ -377,9 +426,10 @@ async fn a_gateway_cut_off_from_one_master_fails_closed_on_its_skus_and_sells_th
     // Assert: no oversell, every winner recorded exactly once, every view balanced, and no
     // buyer answered `unavailable` holds anything.
     for (i, sku) in skus.iter().enumerate() {
+        let units = if i == cut { TOTAL + RESTOCK } else { TOTAL };
         let v = drained(&api, sku, Duration::from_secs(60)).await;
         assert_eq!(probe.stock(sku).await, Some(0), "{sku}");
-        assert_eq!(v["recorded"], TOTAL, "{sku}: {v}");
+        assert_eq!(v["recorded"], units, "{sku}: {v}");
         assert_eq!(v["consistent"], true, "{sku}: {v}");
         let mut winners: HashSet<Uuid> = before[i].won_ids();
         winners.extend(during[i].won_ids());
@@ -397,7 +447,7 @@ async fn a_gateway_cut_off_from_one_master_fails_closed_on_its_skus_and_sells_th
                 .fetch_all(&db)
                 .await
                 .unwrap();
-        assert_eq!(issued.len() as i64, TOTAL, "{sku}: units issued");
+        assert_eq!(issued.len() as i64, units, "{sku}: units issued");
         let issued_set: HashSet<Uuid> = issued.iter().copied().collect();
         assert_eq!(
             issued_set.len(),
@@ -408,7 +458,7 @@ async fn a_gateway_cut_off_from_one_master_fails_closed_on_its_skus_and_sells_th
             issued_set, winners,
             "{sku}: issuances are exactly the winners"
         );
-        counts_within_limit(&probe, sku, TOTAL).await;
+        counts_within_limit(&probe, sku, units).await;
         for user in &during[i].unavailable {
             assert_eq!(
                 probe.held(sku, user).await,
@@ -416,6 +466,11 @@ async fn a_gateway_cut_off_from_one_master_fails_closed_on_its_skus_and_sells_th
                 "{sku}: {user} was answered unavailable and holds a unit"
             );
         }
+    }
+    sampling.store(false, Ordering::Relaxed);
+    let lowest = sampler.await.unwrap();
+    for (sku, low) in skus.iter().zip(&lowest) {
+        assert!(*low >= 0, "{sku}: stock went down to {low}");
     }
     eprintln!(
         "partition of {partitioned_for:?}, {settled} outcome_unknown settled as won; test took {:?}",
