@@ -62,12 +62,12 @@ impl ClusterDrop {
 
 /// One buyer: a SKU and a user, claiming one unit.
 #[derive(Clone)]
-struct Buyer {
-    sku: String,
-    user: String,
+pub(crate) struct Buyer {
+    pub(crate) sku: String,
+    pub(crate) user: String,
 }
 
-fn buyers(sku: &str, stem: &str, n: usize) -> Vec<Buyer> {
+pub(crate) fn buyers(sku: &str, stem: &str, n: usize) -> Vec<Buyer> {
     users(stem, n)
         .into_iter()
         .map(|user| Buyer {
@@ -100,7 +100,11 @@ fn spawn_waves(
     })
 }
 
-async fn release(apis: &[Api], buyers: &[Buyer], answered: &Arc<AtomicUsize>) -> Vec<(u16, Value)> {
+pub(crate) async fn release(
+    apis: &[Api],
+    buyers: &[Buyer],
+    answered: &Arc<AtomicUsize>,
+) -> Vec<(u16, Value)> {
     // A client of its own that keeps no connection: a pooled one that the gateway closes as
     // idle (its header-read timeout) just as a later release reuses it would fail that buyer.
     let http = reqwest::Client::builder()
@@ -261,7 +265,7 @@ async fn settled_wins(api: &Api, tally: &Tally) -> i64 {
     n
 }
 
-async fn settled_won(api: &Api, user: &str, id: Uuid) -> bool {
+pub(crate) async fn settled_won(api: &Api, user: &str, id: Uuid) -> bool {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let r = api
@@ -282,22 +286,22 @@ async fn settled_won(api: &Api, user: &str, id: Uuid) -> bool {
 
 /// The answers of one drop, sorted by kind.
 #[derive(Default, Debug)]
-struct Tally {
+pub(crate) struct Tally {
     /// Claim ids answered 201, with their user.
-    won: Vec<(Uuid, String)>,
-    sold_out: usize,
+    pub(crate) won: Vec<(Uuid, String)>,
+    pub(crate) sold_out: usize,
     /// Users answered 503 `unavailable`: promised that nothing moved.
-    unavailable: Vec<String>,
+    pub(crate) unavailable: Vec<String>,
     /// 503 `outcome_unknown`: claim id and user, to be settled by reading.
-    unknown: Vec<(Uuid, String)>,
+    pub(crate) unknown: Vec<(Uuid, String)>,
     /// Connection failures (a gateway killed under its buyers).
-    no_answer: usize,
+    pub(crate) no_answer: usize,
     /// Anything else, with its body: the contract allows none of it here.
-    other: Vec<(u16, Value)>,
+    pub(crate) other: Vec<(u16, Value)>,
 }
 
 impl Tally {
-    fn add(&mut self, buyers: &[Buyer], results: Vec<(u16, Value)>) {
+    pub(crate) fn add(&mut self, buyers: &[Buyer], results: Vec<(u16, Value)>) {
         for (b, (status, body)) in buyers.iter().zip(results) {
             let id = || -> Uuid { body["claim_id"].as_str().unwrap().parse().unwrap() };
             match (status, code(&body)) {
@@ -316,13 +320,13 @@ impl Tally {
         }
     }
 
-    fn won_ids(&self) -> HashSet<Uuid> {
+    pub(crate) fn won_ids(&self) -> HashSet<Uuid> {
         self.won.iter().map(|(id, _)| *id).collect()
     }
 }
 
 /// Every user's count is within the limit of 1, and they add up to `units`.
-async fn counts_within_limit(probe: &ClusterProbe, sku: &str, units: i64) {
+pub(crate) async fn counts_within_limit(probe: &ClusterProbe, sku: &str, units: i64) {
     let counts = probe.counts(sku).await;
     let over: Vec<_> = counts.iter().filter(|(_, &n)| n > 1).collect();
     assert!(over.is_empty(), "{sku}: users over the limit: {over:?}");

@@ -29,8 +29,14 @@ const CLUSTER_WAIT: Duration = Duration::from_secs(60);
 /// Keys moved per `MIGRATE` when a slot moves in one go.
 const MIGRATE_CHUNK: usize = 100;
 
+/// Where every node listens, and what it announces, unless given an address of its own.
+const LOOPBACK: &str = "127.0.0.1";
+
 /// One redis-server of the cluster.
 struct Node {
+    /// Address the node announces to clients and to the other nodes (and binds, besides
+    /// loopback): `127.0.0.1`, or an address of its own that a test can cut off alone.
+    host: String,
     /// Client port; the cluster bus has its own (`--cluster-port`), both picked free, since
     /// the default bus port (port + 10000) may be taken or past 65535.
     port: u16,
@@ -194,39 +200,49 @@ fn distinct_free_ports(n: usize) -> Vec<u16> {
 }
 
 /// Starts one cluster node; its `nodes.conf` in `dir` makes a restarted node rejoin as itself.
-fn spawn_node(port: u16, bus: u16, dir: &std::path::Path) -> std::process::Child {
-    std::process::Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args([
-            "--cluster-enabled",
-            "yes",
-            "--cluster-port",
-            &bus.to_string(),
-        ])
-        .arg("--cluster-config-file")
-        .arg(dir.join("nodes.conf"))
-        // Failure detection in about a second; a replica may always take over (its link's
-        // age does not disqualify it), and a cluster missing a slot serves no reads either,
-        // as production runs it.
-        .args(["--cluster-node-timeout", "1000"])
-        .args(["--cluster-replica-validity-factor", "0"])
-        .args(["--cluster-allow-reads-when-down", "no"])
-        // A replica's first sync starts at once (Redis 7 waits 5 s for more replicas).
-        .args([
-            "--repl-diskless-sync",
-            "yes",
-            "--repl-diskless-sync-delay",
-            "0",
-        ])
-        .args(["--save", "", "--appendonly", "no"])
-        .arg("--dir")
-        .arg(dir)
-        .arg("--logfile")
-        .arg(dir.join("redis.log"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("redis-server is installed")
+/// A node with a `host` of its own binds it besides loopback and announces it, so redirects and
+/// `CLUSTER SLOTS` name an address reachable from another network namespace.
+fn spawn_node(host: &str, port: u16, bus: u16, dir: &std::path::Path) -> std::process::Child {
+    let mut cmd = std::process::Command::new("redis-server");
+    cmd.args(["--port", &port.to_string()]);
+    if host == LOOPBACK {
+        cmd.args(["--bind", LOOPBACK]);
+    } else {
+        // Clients from other hosts have no password to give: protected mode would refuse them.
+        cmd.args(["--bind", LOOPBACK, host])
+            .args(["--cluster-announce-ip", host])
+            .args(["--protected-mode", "no"]);
+    }
+    cmd.args([
+        "--cluster-enabled",
+        "yes",
+        "--cluster-port",
+        &bus.to_string(),
+    ])
+    .arg("--cluster-config-file")
+    .arg(dir.join("nodes.conf"))
+    // Failure detection in about a second; a replica may always take over (its link's
+    // age does not disqualify it), and a cluster missing a slot serves no reads either,
+    // as production runs it.
+    .args(["--cluster-node-timeout", "1000"])
+    .args(["--cluster-replica-validity-factor", "0"])
+    .args(["--cluster-allow-reads-when-down", "no"])
+    // A replica's first sync starts at once (Redis 7 waits 5 s for more replicas).
+    .args([
+        "--repl-diskless-sync",
+        "yes",
+        "--repl-diskless-sync-delay",
+        "0",
+    ])
+    .args(["--save", "", "--appendonly", "no"])
+    .arg("--dir")
+    .arg(dir)
+    .arg("--logfile")
+    .arg(dir.join("redis.log"))
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("redis-server is installed")
 }
 
 impl Node {
@@ -266,6 +282,12 @@ impl PrivateCluster {
     /// every node serves (`cluster_state:ok`), all agree on one slot map covering every slot,
     /// and every replica's link to its master is up.
     pub async fn start(masters: usize, replicas_per_master: usize) -> Self {
+        Self::start_on(masters, replicas_per_master, &[]).await
+    }
+
+    /// As [`PrivateCluster::start`], node `i` on `hosts[i]` (an address of this host, bound
+    /// besides loopback and announced); nodes past the end of `hosts` on loopback alone.
+    pub async fn start_on(masters: usize, replicas_per_master: usize, hosts: &[String]) -> Self {
         assert!(
             masters >= 3,
             "redis-cli --cluster create wants 3 masters at least"
@@ -273,11 +295,13 @@ impl PrivateCluster {
         let count = masters * (1 + replicas_per_master);
         let mut ports = distinct_free_ports(2 * count).into_iter();
         let mut nodes = Vec::with_capacity(count);
-        for _ in 0..count {
+        for i in 0..count {
             let (port, bus) = (ports.next().unwrap(), ports.next().unwrap());
             let dir = scratch_dir("cluster");
-            let child = spawn_node(port, bus, &dir);
+            let host = hosts.get(i).map_or(LOOPBACK, String::as_str).to_string();
+            let child = spawn_node(&host, port, bus, &dir);
             nodes.push(Node {
+                host,
                 port,
                 bus,
                 dir,
@@ -294,7 +318,12 @@ impl PrivateCluster {
         let out = tokio::process::Command::new("redis-cli")
             .arg("--cluster")
             .arg("create")
-            .args(cluster.ports().iter().map(|p| format!("127.0.0.1:{p}")))
+            .args(
+                cluster
+                    .nodes
+                    .iter()
+                    .map(|n| format!("{}:{}", n.host, n.port)),
+            )
             .args(["--cluster-replicas", &replicas_per_master.to_string()])
             .arg("--cluster-yes")
             .output()
@@ -313,11 +342,6 @@ impl PrivateCluster {
         cluster
     }
 
-    /// Ports of every node started (dead ones too).
-    pub fn ports(&self) -> Vec<u16> {
-        self.nodes.iter().map(|n| n.port).collect()
-    }
-
     /// Ports of the nodes still running.
     pub fn live_ports(&self) -> Vec<u16> {
         self.nodes
@@ -333,10 +357,19 @@ impl PrivateCluster {
     }
 
     pub fn url_list(&self) -> Vec<String> {
-        self.ports()
+        self.nodes
             .iter()
-            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .map(|n| format!("redis://{}:{}", n.host, n.port))
             .collect()
+    }
+
+    /// The address the node on `port` announces.
+    pub fn host_of(&self, port: u16) -> &str {
+        self.nodes
+            .iter()
+            .find(|n| n.port == port)
+            .map(|n| n.host.as_str())
+            .unwrap_or_else(|| panic!("no node on {port}"))
     }
 
     /// The cluster as the first live node that answers sees it.
@@ -505,7 +538,7 @@ impl PrivateCluster {
             .find(|n| n.port == port)
             .unwrap_or_else(|| panic!("no node on {port}"));
         assert!(node.child.is_none(), "the node on {port} is running");
-        node.child = Some(spawn_node(node.port, node.bus, &node.dir));
+        node.child = Some(spawn_node(&node.host, node.port, node.bus, &node.dir));
         node.wait_up().await;
         self.wait_ready().await;
         self.remember_replicas().await;

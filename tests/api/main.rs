@@ -23,6 +23,7 @@ mod observe;
 mod openapi;
 mod operators;
 mod outbox;
+mod partition;
 mod proxy;
 mod restock;
 mod rollback;

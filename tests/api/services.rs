@@ -213,6 +213,16 @@ impl PrivatePostgres {
         format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
     }
 
+    /// The URL of `db` through the server's unix socket (trust auth, as over loopback): a
+    /// client in another network namespace reaches it through the shared filesystem.
+    pub fn socket_url(&self, db: &str) -> String {
+        format!(
+            "postgres://postgres@localhost:{}/{db}?host={}",
+            self.port,
+            self.dir.display()
+        )
+    }
+
     pub async fn up(&self) {
         let data = self.dir.join("data");
         let opts = format!(
@@ -293,7 +303,38 @@ impl GatewayProcess {
         redis_url: &str,
         env: &[(&str, &str)],
     ) -> Result<Self, String> {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_dropgate"));
+        Self::try_start_in(&[], iso, redis_url, env).await
+    }
+
+    /// As [`GatewayProcess::start`], the binary run by `wrapper` (e.g. `ip netns exec <ns>`,
+    /// which execs it, so the child is the gateway itself and a kill reaches it).
+    pub async fn start_in(
+        wrapper: &[&str],
+        iso: &Isolation,
+        redis_url: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
+        match Self::try_start_in(wrapper, iso, redis_url, env).await {
+            Ok(g) => g,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    async fn try_start_in(
+        wrapper: &[&str],
+        iso: &Isolation,
+        redis_url: &str,
+        env: &[(&str, &str)],
+    ) -> Result<Self, String> {
+        let binary = env!("CARGO_BIN_EXE_dropgate");
+        let mut cmd = match wrapper.split_first() {
+            None => Command::new(binary),
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(binary);
+                c
+            }
+        };
         cmd.arg("serve")
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
