@@ -308,12 +308,17 @@ pub async fn restock(
     let db = catalog.db();
     let mut lock = SkuLock::acquire(db, sku).await?;
     settle_restocks(store, db, sku, &mut lock, Duration::ZERO).await?;
-    let row: Option<(i64, i64)> =
-        sqlx::query_as("SELECT total, redis_seq FROM skus WHERE sku = $1")
+    let row: Option<(i64, i64, i32)> =
+        sqlx::query_as("SELECT total, redis_seq, shards FROM skus WHERE sku = $1")
             .bind(sku)
             .fetch_optional(db)
             .await?;
-    let (total, floor) = row.ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
+    let (total, floor, shards) = row.ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
+    // A negative delta is one step on shard 0 (src/shards/): first bring it the units the
+    // other shards hold, so a SKU is restocked down as far as its whole stock allows.
+    if delta < 0 && shards > 1 && total + delta >= 0 && below_zero(store, sku, delta).await {
+        crate::shards::borrow::gather(store, sku, shards, 0, -delta).await?;
+    }
     if total + delta < 0 || (delta < 0 && below_zero(store, sku, delta).await) {
         return Err(InventoryError::Refused(Refusal::InsufficientStock));
     }

@@ -363,7 +363,8 @@ async fn restock_and_restore_of_a_sharded_sku_keep_the_books_and_reconcile_agree
     }
     app.drained(&sku).await;
 
-    // Restock goes to shard 0; a negative delta only as far as shard 0 alone can cover.
+    // Restock goes to shard 0; a negative delta takes the other shards' units too, as far as
+    // the SKU's whole stock goes, and never further.
     let before = shard_remaining(&app.view(&sku).await);
     let r = app.restock(&sku, 5).await;
     assert_eq!(r.status(), 200);
@@ -372,14 +373,36 @@ async fn restock_and_restore_of_a_sharded_sku_keep_the_books_and_reconcile_agree
     let after = shard_remaining(&v);
     assert_eq!(after[0], before[0] + 5);
     assert_eq!(after[1..], before[1..]);
-    let r = app.restock(&sku, -(after[0] + 1)).await;
+    let left: i64 = after.iter().sum();
+    let r = app.restock(&sku, -(left + 1)).await;
     assert_eq!(r.status(), 409);
     assert_eq!(code(&r.json().await.unwrap()), "insufficient_stock");
-    assert_eq!(app.restock(&sku, -2).await.status(), 200);
+    assert_eq!(
+        shard_remaining(&app.view(&sku).await).iter().sum::<i64>(),
+        left
+    );
+    // More than shard 0 holds: the other shards' units are gathered to it first.
+    let r = app.restock(&sku, -(after[0] + 2)).await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        (v["total"].as_i64(), v["remaining"].as_i64()),
+        (Some(14 - after[0] - 2), Some(left - after[0] - 2))
+    );
+    assert_eq!(shard_remaining(&v).iter().sum::<i64>(), left - after[0] - 2);
     let v = app.view(&sku).await;
     assert_eq!(
-        (v["total"].as_i64(), v["consistent"].as_bool()),
-        (Some(12), Some(true))
+        (v["in_transit"].as_i64(), v["consistent"].as_bool()),
+        (Some(0), Some(true)),
+        "{v}"
+    );
+    // Back up to a total of 12 (8 remaining) for what follows.
+    let r = app.restock(&sku, after[0]).await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        (v["total"].as_i64(), v["remaining"].as_i64()),
+        (Some(12), Some(8))
     );
 
     // Redis loses shard 1: the SKU fails closed for its buyers, restore rebuilds every shard.
@@ -492,6 +515,18 @@ async fn a_sharded_drop_sells_exactly_its_units_on_a_cluster_of_three_masters() 
         let name = dropgate::keys::shard_name(&sku, shard);
         assert_eq!(probe.stock(&name).await, Some(0), "{name}");
     }
+    // Counted before shard 1 is lost below: the records of transfers it received go with it.
+    let mut applied = 0;
+    for port in cluster.masters().await {
+        let keys: Vec<String> = crate::cluster_support::node_cmd(
+            port,
+            redis::cmd("KEYS").arg(format!("{}:{{{sku}*}}:xfer:in:*", iso.prefix)),
+        )
+        .await
+        .unwrap();
+        applied += keys.len();
+    }
+    assert!(applied > 0, "shard 2's units were borrowed");
     // Redis loses shard 1 (every key of its slot on its master): restore rebuilds every
     // shard, each buyer's count on the buyer's shard's own master.
     let lost = dropgate::keys::shard_name(&sku, 1);
@@ -522,17 +557,6 @@ async fn a_sharded_drop_sells_exactly_its_units_on_a_cluster_of_three_masters() 
         let home = dropgate::keys::shard_name(&sku, shard_of_user(w, 3));
         assert_eq!(probe.held(&home, w).await, 1, "{w} on {home}");
     }
-    let mut applied = 0;
-    for port in cluster.masters().await {
-        let keys: Vec<String> = crate::cluster_support::node_cmd(
-            port,
-            redis::cmd("KEYS").arg(format!("{}:{{{sku}*}}:xfer:in:*", iso.prefix)),
-        )
-        .await
-        .unwrap();
-        applied += keys.len();
-    }
-    assert!(applied > 0, "shard 2's units were borrowed");
     let db_url = iso.database_url.clone();
     let table = reconcile(&cluster.urls(), &db_url, &iso.prefix);
     assert!(table.contains(&sku), "{table}");
