@@ -73,31 +73,21 @@ impl Borrower {
                 return Ok(outcome);
             }
         }
-        let outcome = refill_now(store, sku, shards, shard, need).await;
+        let outcome = gather(store, sku, shards, shard, need).await;
         *last = outcome.as_ref().ok().copied();
         flight.done.fetch_add(1, Ordering::AcqRel);
         outcome
     }
 }
 
-/// Brings at least `need` units to shard `shard` from its siblings if the SKU holds that many
-/// in all: what a negative restock of a sharded SKU does before its single-slot step on shard
-/// 0 (under the SKU's lock; buyers may still take units meanwhile, and the restock's own
-/// script then refuses as it would on one shard).
+/// Brings at least `need` units to shard `shard` from its siblings, now: a claim's refill
+/// (through [`Borrower::refill`], one at a time per shard), and what a negative restock of a
+/// sharded SKU does before its single-slot step on shard 0 (under the SKU's lock; buyers may
+/// still take units meanwhile, and the restock's own script then refuses as on one shard).
 ///
 /// # Errors
 /// As [`Borrower::refill`].
 pub async fn gather(
-    store: &Store,
-    sku: &str,
-    shards: i32,
-    shard: u16,
-    need: i64,
-) -> Result<Refill, StoreError> {
-    refill_now(store, sku, shards, shard, need).await
-}
-
-async fn refill_now(
     store: &Store,
     sku: &str,
     shards: i32,
