@@ -6,6 +6,9 @@
 -- ARGV[3]    "1" when another shard of the SKU holds units or a transfer between shards is in
 --            flight (checked by the gateway just before; "0" on a SKU of one shard): units
 --            remain, as when this shard's stock is above 0; "0" otherwise
+-- ARGV[4]    on a sharded SKU, the join ticket the gateway took from shard 0 (line_lease.lua):
+--            the entry's join order, comparable across the SKU's lines; "" on a SKU of one
+--            shard (the order is this line's next)
 --
 -- Returns {code, entry_id, position}:
 --   1  joined now: the new entry and its place in line (1 = next to be offered)
@@ -18,10 +21,11 @@
 --
 -- Invariant: one live entry per user and SKU, in join order; an entry is taken only while the
 -- stock is 0 (units that come back go to the line before open stock, see give_back). On a
--- sharded SKU this script runs on the joiner's own shard, whose line it joins, after the
--- gateway found every other shard dry with nothing in transit (not atomically with this
--- check: see src/shards/line.rs); the per-user count it checks is the one every claim of the
--- user moves, and the offer give_back makes here is counted in it too.
+-- sharded SKU this script runs on the joiner's own shard, whose line it joins in ticket order,
+-- after the gateway leased every shard and found every other shard dry with nothing in transit
+-- (not atomically with this check; the lease keeps units given back meanwhile out of open
+-- stock: see src/shards/line.rs); the per-user count it checks is the one every claim of the
+-- user moves, and the offers made here are counted in it too.
 local eid, user = ARGV[1], ARGV[2]
 local head = redis.call('HMGET', KEYS[1], 'stock', 'limit', 'seq', 'stale', 'opens_ms',
   'closes_ms')
@@ -51,7 +55,10 @@ end
 if tonumber(redis.call('HGET', KEYS[2], user) or '0') >= tonumber(head[2]) then
   return {4, '', 0}
 end
-local order = redis.call('HINCRBY', KEYS[1], 'wl_order', 1)
+local order = tonumber(ARGV[4] or '')
+if not order then
+  order = redis.call('HINCRBY', KEYS[1], 'wl_order', 1)
+end
 local e = { order = order, ms = now, user = user }
 redis.call('ZADD', KEYS[6], order, eid)
 redis.call('HSET', KEYS[7], eid, pack_entry('waiting', order, now, user))

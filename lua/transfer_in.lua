@@ -1,8 +1,8 @@
 -- transfer_in.lua: step 2 of a transfer between two shards of one SKU: give the units a donor
--- took out (transfer_out.lua) back on the recipient shard, once per transfer id: to the head
--- of the recipient's waitlist first (give_back, lib/lifecycle.lua, prepended), the rest to its
--- open stock. Every shard of a sharded SKU has a line of its own (src/shards/line.rs); on a
--- shard whose line is empty every unit goes to the stock.
+-- took out (transfer_out.lua) back on the recipient shard, once per transfer id, through
+-- give_back (lib/lifecycle.lua, prepended): into the recipient's pool while its line lease
+-- lasts (src/shards/line.rs), else to its line's head first and the rest to open stock. Units
+-- taken from a donor's pool go to the recipient's pool.
 --
 -- KEYS[1..8] the recipient shard's lifecycle keys (see lib/lifecycle.lua); KEYS[1] is its
 --            state hash <prefix>:{<sku>[#i]}:state
@@ -11,6 +11,9 @@
 -- ARGV[2]    the donor's generation when it took them (see transfer_out.lua)
 -- ARGV[3]    how long the applied record is kept, seconds (far longer than any transfer can
 --            stay pending while a gateway runs)
+-- ARGV[4]    "pool" when the units came from the donor's waitlist pool: they go to this
+--            shard's pool (`wl_pool`), to be offered to its line by offer_pool.lua; "" to
+--            give them back (give_back: the line first, or the pool under a line lease)
 --
 -- Returns 1 when the units were given back now, 2 when this transfer was applied before
 -- (nothing changes), -4 when the recipient's generation differs (a restore rebuilt the SKU
@@ -21,9 +24,8 @@
 -- Publishes KEYS[1] on <prefix>:units-back when it raises the stock (give_back; src/soldout.rs).
 --
 -- Invariant: a transfer's units are given back at most once, and only to the generation of
--- the state they were taken from; while the recipient's line has waiting entries its units
--- are offered there before any reaches open stock (so the recovery task's moves to a shard with
--- waiters serve its line first); the state's `seq` moves with every change journaled.
+-- the state they were taken from; pooled units stay kept for the SKU's lines; the state's
+-- `seq` moves with every change journaled.
 local state, applied = KEYS[1], KEYS[9]
 if redis.call('EXISTS', applied) == 1 then
   return 2
@@ -38,7 +40,12 @@ end
 if (head[4] or '') ~= ARGV[2] then
   return -4
 end
-local seq = give_back(tonumber(ARGV[1]), redis_now(), tonumber(head[3] or '0') + 1)
+local seq = tonumber(head[3] or '0') + 1
+if (ARGV[4] or '') == 'pool' then
+  redis.call('HINCRBY', state, 'wl_pool', tonumber(ARGV[1]))
+else
+  seq = give_back(tonumber(ARGV[1]), redis_now(), seq)
+end
 redis.call('HSET', state, 'seq', seq)
 redis.call('SET', applied, ARGV[1], 'EX', ARGV[3])
 return 1

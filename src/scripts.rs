@@ -30,6 +30,15 @@ pub struct Scripts {
     pub expire_holds: Script,
     pub join_waitlist: Script,
     pub leave_waitlist: Script,
+    /// A sharded SKU's transfers between shards (src/shards/transfer.rs): take, apply, forget.
+    pub transfer_out: Script,
+    pub transfer_in: Script,
+    pub finish_transfer: Script,
+    /// A sharded SKU's lines (src/shards/line.rs): the lease a join sets on every shard, and
+    /// the feed's offers from a shard's pool and its release once nobody waits.
+    pub line_lease: Script,
+    pub offer_pool: Script,
+    pub release_pool: Script,
 }
 
 /// A script that ends holds or gives units back, with `lua/lib/lifecycle.lua` (functions
@@ -57,6 +66,14 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     expire_holds: lifecycle_script!("expire_holds.lua"),
     join_waitlist: lifecycle_script!("join_waitlist.lua"),
     leave_waitlist: lifecycle_script!("leave_waitlist.lua"),
+    transfer_out: Script::new(include_str!("../lua/transfer_out.lua")),
+    // Step 2 gives its units back through `give_back`, so that the recipient shard's line is
+    // offered them before open stock is.
+    transfer_in: lifecycle_script!("transfer_in.lua"),
+    finish_transfer: Script::new(include_str!("../lua/finish_transfer.lua")),
+    line_lease: Script::new(include_str!("../lua/line_lease.lua")),
+    offer_pool: lifecycle_script!("offer_pool.lua"),
+    release_pool: lifecycle_script!("release_pool.lua"),
 });
 
 /// Loads every script into Redis (SCRIPT LOAD), so the first claim does not pay for it.
@@ -79,10 +96,16 @@ pub async fn load_all<C: ConnectionLike>(con: &mut C) -> Result<(), StoreError> 
         &s.expire_holds,
         &s.join_waitlist,
         &s.leave_waitlist,
+        &s.transfer_out,
+        &s.transfer_in,
+        &s.finish_transfer,
+        &s.line_lease,
+        &s.offer_pool,
+        &s.release_pool,
     ] {
         script.prepare_invoke().load_async(con).await?;
     }
-    crate::shards::transfer::load_all(con).await
+    Ok(())
 }
 
 /// One claim to decide. Its id is its call's (see [`crate::ids::claim_in`]): minted when the

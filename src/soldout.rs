@@ -427,7 +427,13 @@ mod tests {
     const UNITS_BACK: &str =
         "redis.call('PUBLISH', (string.gsub(KEYS[1], '{[^{]*$', 'units-back')), KEYS[1])";
     /// Scripts that write `stock` but can only lower it, or only read it.
-    const LOWER_ONLY: &[&str] = &["claim.lua", "join_waitlist.lua", "transfer_out.lua"];
+    const LOWER_ONLY: &[&str] = &[
+        "claim.lua",
+        "join_waitlist.lua",
+        "transfer_out.lua",
+        "line_lease.lua",
+        "offer_pool.lua",
+    ];
 
     #[test]
     fn every_script_that_writes_stock_tells_the_gateways() {

@@ -14,7 +14,9 @@
 --
 -- Invariant kept by give_back: a returned unit goes to the head of the line as an offer (a
 -- held claim whose id is the entry id) while anybody waits, and to open stock only when
--- nobody does, in the same atomic step, so no buyer outside the line can take it.
+-- nobody does, in the same atomic step, so no buyer outside the line can take it. On a
+-- sharded SKU's shard under a line lease it goes to the shard's pool, which only the lines
+-- are offered from (offer_pool.lua), in the SKU's join order.
 
 local function redis_now()
   local t = redis.call('TIME')
@@ -63,10 +65,10 @@ local function bump(seq)
   return seq + 1
 end
 
--- Gives `units` back: offers to the head of the line first, the rest to open stock. `seq` is
--- the state's sequence so far; returns it after every journal entry written here. The caller
--- writes `seq` to the state.
-local function give_back(units, now, seq)
+-- Offers up to `units` to the head of the line, one unit an entry, in line order. `seq` is
+-- the state's sequence so far. Returns the units no entry took (the line ran out) and `seq`
+-- after every journal entry written here. The caller writes `seq` to the state.
+local function offer_line(units, now, seq)
   local K = KEYS
   local cfg = redis.call('HMGET', K[1], 'limit', 'offer_ms', 'stock')
   local limit, offer_ms, stock = tonumber(cfg[1]), tonumber(cfg[2] or '0'), tonumber(cfg[3])
@@ -98,11 +100,36 @@ local function give_back(units, now, seq)
       end
     end
   end
+  return units, seq
+end
+
+-- Adds `units` to open stock and tells every gateway's sold-out cache to forget this SKU
+-- (src/soldout.rs).
+local function to_stock(units)
   if units > 0 then
-    redis.call('HINCRBY', K[1], 'stock', units)
-    -- Units may be back: every gateway's sold-out cache forgets this SKU (src/soldout.rs).
+    redis.call('HINCRBY', KEYS[1], 'stock', units)
     redis.call('PUBLISH', (string.gsub(KEYS[1], '{[^{]*$', 'units-back')), KEYS[1])
   end
+end
+
+-- Gives `units` back: offers to the head of the line first, the rest to open stock. `seq` is
+-- the state's sequence so far; returns it after every journal entry written here. The caller
+-- writes `seq` to the state.
+--
+-- A shard of a sharded SKU whose line lease is live (`wl_until`, set by every join and by the
+-- feed while any of the SKU's lines has waiters: src/shards/line.rs) keeps the units in its
+-- `wl_pool` instead: no single-slot script can tell which shard's head joined first, so the
+-- feed offers pooled units across the lines in join-ticket order, and nobody outside the
+-- lines can take them meanwhile.
+local function give_back(units, now, seq)
+  local lease = tonumber(redis.call('HGET', KEYS[1], 'wl_until') or '0')
+  if now < lease then
+    redis.call('HINCRBY', KEYS[1], 'wl_pool', units)
+    return seq
+  end
+  local left
+  left, seq = offer_line(units, now, seq)
+  to_stock(left)
   return seq
 end
 

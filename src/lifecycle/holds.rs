@@ -199,10 +199,9 @@ pub async fn decide(
         for name in names {
             if let Some(answer) = decide_on(store, &name, id, caller, op).await? {
                 if op == HoldOp::Cancel && answer == HoldAnswer::Done && sku.shards > 1 {
-                    // The unit came back to the buyer's shard, offered to its own line first;
-                    // if that line is empty and another shard's is not, move it there now
-                    // rather than at the recovery task's next round. Best effort: the
-                    // recovery task does the same within a second.
+                    // While anybody waits, the unit came back into its shard's pool: offer it
+                    // to the line that comes first now rather than at the recovery task's next
+                    // round. Best effort: the recovery task does the same within a second.
                     if let Err(e) = crate::shards::line::feed(store, &sku.sku, sku.shards).await {
                         tracing::debug!(sku = %sku.sku, error = %e, "could not feed the waitlists after a cancel; the recovery task will");
                     }

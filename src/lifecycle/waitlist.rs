@@ -54,13 +54,13 @@ pub enum Joined {
 /// Redis could not decide (fail closed).
 pub async fn join(store: &Store, sku: &Sku, user: &str) -> Result<Joined, LifecycleError> {
     // A sharded SKU's buyer joins the line of its own shard, where its claims and its offer
-    // are counted; the other shards are checked first, not atomically with the join
-    // (src/shards/line.rs).
+    // are counted, ordered by a ticket of the SKU's; the other shards are checked first, not
+    // atomically with the join (src/shards/line.rs).
     let home = crate::shards::shard_of_user(user, sku.shards);
-    let in_stock_elsewhere = if sku.shards > 1 {
-        crate::shards::line::before_join(store, &sku.sku, sku.shards, home).await?
+    let check = if sku.shards > 1 {
+        Some(crate::shards::line::before_join(store, &sku.sku, sku.shards, home).await?)
     } else {
-        false
+        None
     };
     let name = crate::keys::shard_name(&sku.sku, home);
     let keys = store.keys(&name);
@@ -70,11 +70,22 @@ pub async fn join(store: &Store, sku: &Sku, user: &str) -> Result<Joined, Lifecy
     }
     inv.arg(crate::ids::mint(sku.tag).to_string())
         .arg(user)
-        .arg(if in_stock_elsewhere { "1" } else { "0" });
+        .arg(if check.is_some_and(|c| c.in_stock_elsewhere) {
+            "1"
+        } else {
+            "0"
+        })
+        .arg(check.map_or(String::new(), |c| c.ticket.to_string()));
     let mut con = store.hot();
     let call = store.bounded(async { Ok(inv.invoke_async(&mut con).await?) });
-    let (code, id, position): (i64, String, i64) =
+    let (code, id, mut position): (i64, String, i64) =
         crate::activity::with_mark(store, &name, call).await?;
+    if sku.shards > 1 && position > 0 {
+        // The script counts its own line; the buyer's place is in the SKU's.
+        position = sku_position(store, sku, home, &id)
+            .await
+            .unwrap_or(position);
+    }
     let entry_id =
         || Uuid::parse_str(&id).map_err(|_| StoreError::Protocol(format!("join: entry {id:?}")));
     Ok(match code {
@@ -109,7 +120,12 @@ pub async fn find(
     if let Some(sku) = sku_of(catalog, &entry_id).await? {
         for name in entry_shards(&sku, caller) {
             view = from_redis(store, &sku.sku, &name, entry_id).await?;
-            if view.is_some() {
+            if let Some(v) = view.as_mut() {
+                if sku.shards > 1 && v.position.is_some() {
+                    let home = crate::shards::shard_of_user(&v.user, sku.shards);
+                    let id = entry_id.to_string();
+                    v.position = sku_position(store, &sku, home, &id).await.or(v.position);
+                }
                 break;
             }
         }
@@ -119,6 +135,18 @@ pub async fn find(
         None => from_ledger(catalog, entry_id).await?,
     };
     Ok(view.filter(|v| caller.is_none_or(|u| u == v.user)))
+}
+
+/// The place of the waiting entry `id` of `home`'s line in the whole line of the sharded SKU
+/// `sku` (src/shards/line.rs); `None` when Redis could not tell.
+async fn sku_position(store: &Store, sku: &Sku, home: u16, id: &str) -> Option<i64> {
+    match crate::shards::line::position(store, &sku.sku, sku.shards, home, id).await {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::debug!(sku = %sku.sku, error = %e, "could not count the SKU's line; the shard's place is shown");
+            None
+        }
+    }
 }
 
 /// The shards where `caller`'s entry may live: the owner's own shard (its line, src/shards/

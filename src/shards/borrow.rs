@@ -114,7 +114,15 @@ pub async fn gather(
         .collect();
     donors.sort_unstable_by(|a, b| b.cmp(a));
     for (_, donor) in donors {
-        own += transfer::transfer(store, sku, donor, shard, need - own, TRANSFER_CAP).await?;
+        own += transfer::transfer(
+            store,
+            sku,
+            (donor, shard),
+            need - own,
+            TRANSFER_CAP,
+            transfer::Source::Stock,
+        )
+        .await?;
         if own >= need {
             return Ok(Refill::Moved);
         }

@@ -1,42 +1,68 @@
-//! The waitlists of a sharded SKU: one line per shard. A buyer joins the line of its own shard
-//! (the shard its claims route to, [`super::shard_of_user`]), and an offer is made by
-//! `give_back` on that shard, so the offer is a held claim on the buyer's own shard, counted in
-//! the same per-user count as every other claim of the buyer: one script sees all of a
-//! buyer's units, and the per-user limit holds (invariant 3) as on a SKU of one shard.
+//! The waitlists of a sharded SKU: one line per shard, one join order across them.
 //!
-//! Every waitlist script (join, leave, the offers `give_back` makes) runs on one shard, so
-//! each line and its offers are decided atomically there. What no single-slot script can see
-//! is the other shards, and two steps here bridge that:
+//! A buyer joins the line of its own shard (the shard its claims route to,
+//! [`super::shard_of_user`]), and its offer is made on that shard, so the offer is a held claim
+//! counted in the same per-user count as every other claim of the buyer: one script sees all
+//! of a buyer's units, and the per-user limit holds (invariant 3) as on a SKU of one shard.
 //!
-//! - [`before_join`]: "the stock is 0" means every shard dry and nothing in transit. The
-//!   gateway finishes the transfers it finds pending, then checks the shards other than the
-//!   joiner's (not atomically with the join); `join_waitlist.lua` then checks the joiner's
-//!   shard's stock atomically.
-//! - [`feed`]: a unit that comes back on a shard (a hold cancelled or expired, a compensation)
-//!   is offered to that shard's line first. On a shard whose line is empty it goes to open
-//!   stock; while another shard's line has waiting entries, the recovery task (every second,
-//!   [`super::recovery`]) and a buyer's cancel move that open stock by normal fenced
-//!   transfers to the shards with waiters, the shard whose head joined first served first;
-//!   `transfer_in.lua` gives the units back through `give_back`, so that line is offered them
-//!   before open stock gets any. Until then (about a second at most) a buyer routed to the
-//!   donor shard may take such a unit: see README "Sharding a hot SKU".
+//! What no single-slot script can see is the other shards; three things bridge that, so the
+//! SKU keeps one first-come-first-served line as a SKU of one shard does:
 //!
-//! FIFO is exact within a shard's line (one sorted set, one script) and approximate across a
-//! SKU's lines: a unit that comes back on a shard with a line is offered to that line's head at
-//! once, even if another shard's head joined earlier, and heads are compared by the time
-//! Redis gave their joins (each shard numbers its own joins).
+//! - **Tickets.** Every join takes a ticket from shard 0 (`line_lease.lua`) and is ordered by
+//!   it in its shard's line, so the heads of two lines compare exactly ([`position`] is the
+//!   entry's place in the SKU's whole line).
+//! - **The lease.** Before a buyer checks that every shard is dry ([`before_join`]), it sets
+//!   a line lease on every shard. While a shard's lease lasts, a unit given back there (a
+//!   hold cancelled or expired, an offer declined, a compensation, a restock, a transfer)
+//!   goes to the shard's pool, not to open stock and not to its own line's head
+//!   (`give_back`, lua/lib/lifecycle.lua): nobody outside the lines can take it, and no
+//!   line is served before an earlier ticket on another shard.
+//! - **The feed** ([`feed`]: the recovery task every second, and a buyer's cancel at once)
+//!   offers pooled units in ticket order across every line: it merges the lines' heads,
+//!   moves pooled units to the shards whose heads come next (fenced transfers,
+//!   [`Source::Pool`]) and offers them there (`offer_pool.lua`). It renews the lease while
+//!   anybody waits, and takes into the pools any open stock it finds then (units that came
+//!   back without a lease: after a restore rebuilt a shard, or a lease that lapsed while no
+//!   gateway fed); once nobody waits and the lease has lapsed, it gives the pools back to
+//!   open stock (`release_pool.lua`).
+//!
+//! The price: a unit given back while anybody waits is offered at the next feed (within a
+//! second), not in the same script; one given back within [`LEASE`] after the last waiter
+//! went reaches open stock up to that much later. A SKU of one shard never takes a lease
+//! and works as before.
 
-use super::transfer;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::transfer::{self, Source};
 use super::view::survey;
 use crate::error::StoreError;
 use crate::keys::shard_name;
-use crate::lifecycle::records::Entry;
+use crate::scripts::SCRIPTS;
 use crate::store::Store;
 
-/// Checks the shards of `sku` other than `home` (the joiner's) before a join on `home`'s line.
-/// Returns whether units remain elsewhere: another shard holds stock, or a transfer between
-/// shards is still in flight (passed to `join_waitlist.lua`, which still answers an existing
-/// entry first).
+/// How long a line lease lasts after the join or feed that set it. Longer than a join takes
+/// from its lease to its entry (three bounded calls), and than a few feed rounds, so a
+/// gateway's missed round does not open the pools while somebody waits.
+pub const LEASE: Duration = Duration::from_secs(3);
+/// Heads read from each line per feed: the most units one feed offers on a shard.
+const HEADS: isize = 100;
+
+/// What [`before_join`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JoinCheck {
+    /// Units remain elsewhere: another shard holds stock, or a transfer between shards is
+    /// still in flight (passed to `join_waitlist.lua`, which still answers an existing entry
+    /// first).
+    pub in_stock_elsewhere: bool,
+    /// The join's ticket: its order in the SKU's one line.
+    pub ticket: i64,
+}
+
+/// Leases every shard of `sku` and takes a ticket, then checks the shards other than `home`
+/// (the joiner's) before a join on `home`'s line (not atomically with the join; the lease
+/// keeps units given back after this check out of open stock, and `join_waitlist.lua` checks
+/// `home`'s stock atomically).
 ///
 /// # Errors
 /// [`StoreError::SkuLost`] / [`StoreError::Stale`] when any shard fails closed (the SKU cannot
@@ -46,85 +72,180 @@ pub async fn before_join(
     sku: &str,
     shards: i32,
     home: u16,
-) -> Result<bool, StoreError> {
-    let mut states = survey(store, sku, shards).await?;
-    if states.iter().any(|s| !s.pending.is_empty()) {
-        // Units in transit land on some shard (where a line is, they are offered to it):
-        // finish them, as a refill would, then look again.
-        for p in states.iter().flat_map(|s| &s.pending) {
+) -> Result<JoinCheck, StoreError> {
+    let leased = lease_all(store, sku, shards, true).await?;
+    let ticket = leased[0].ticket;
+    let pending = leased.iter().any(|l| l.pending > 0);
+    let in_stock_elsewhere = if pending {
+        // Units in transit land on some shard (under the lease, in its pool): finish them,
+        // as a refill would, then look again.
+        for p in survey(store, sku, shards)
+            .await?
+            .iter()
+            .flat_map(|s| &s.pending)
+        {
             transfer::complete(store, sku, p).await?;
         }
-        states = survey(store, sku, shards).await?;
-    }
-    // Pending once more: another gateway began a transfer meanwhile. Its units are on their
-    // way to a shard, so the SKU is not sold out; the buyer's claim borrows them.
-    Ok(states
-        .iter()
-        .enumerate()
-        .any(|(i, s)| !s.pending.is_empty() || (i != usize::from(home) && s.stock > 0)))
+        // Pending once more: another gateway began a transfer meanwhile. Its units are on
+        // their way to a shard, so the SKU is not sold out; the buyer's claim borrows them.
+        survey(store, sku, shards)
+            .await?
+            .iter()
+            .enumerate()
+            .any(|(i, s)| !s.pending.is_empty() || (i != usize::from(home) && s.stock > 0))
+    } else {
+        leased
+            .iter()
+            .enumerate()
+            .any(|(i, l)| i != usize::from(home) && l.stock > 0)
+    };
+    Ok(JoinCheck {
+        in_stock_elsewhere,
+        ticket,
+    })
 }
 
-/// One shard's line as [`feed`] reads it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One shard's answer to `line_lease.lua`.
+struct Leased {
+    stock: i64,
+    pending: i64,
+    ticket: i64,
+}
+
+/// Sets the line lease on every shard of `sku` (all in flight together); with `ticket`, also
+/// takes a join ticket from shard 0.
+async fn lease_all(
+    store: &Store,
+    sku: &str,
+    shards: i32,
+    ticket: bool,
+) -> Result<Vec<Leased>, StoreError> {
+    let calls = (0..shards.max(1) as u16).map(|i| async move {
+        let keys = store.keys(&shard_name(sku, i));
+        let mut con = store.hot();
+        let (code, stock, pending, t): (i64, i64, i64, i64) = store
+            .bounded(async {
+                Ok(SCRIPTS
+                    .line_lease
+                    .key(keys.state())
+                    .key(keys.transfers())
+                    .arg(LEASE.as_millis() as u64)
+                    .arg(if ticket && i == 0 { "1" } else { "0" })
+                    .invoke_async(&mut con)
+                    .await?)
+            })
+            .await?;
+        match code {
+            1 => Ok(Leased {
+                stock,
+                pending,
+                ticket: t,
+            }),
+            -3 => Err(StoreError::Stale),
+            _ => Err(StoreError::SkuLost),
+        }
+    });
+    futures_util::future::try_join_all(calls).await
+}
+
+/// One shard's line and pool as [`feed`] reads them.
+#[derive(Debug, Clone, PartialEq)]
 struct Line {
-    shard: u16,
-    /// Entries waiting (offered ones have left the sorted set).
     waiting: i64,
-    /// When the head joined, on Redis's clock (`i64::MAX` when unreadable: served last).
-    head_joined_ms: i64,
+    /// The first [`HEADS`] tickets in line.
+    heads: Vec<f64>,
+    pool: i64,
 }
 
-/// Moves open stock of `sku` from the shards whose line is empty to the shards whose line has
-/// waiting entries, the line whose head joined first served first, up to as many units as
-/// each line waits for; `transfer_in.lua` offers them to the recipient's line first. Returns
-/// the units moved. Costs one pipelined `ZCARD` + `ZRANGE` per shard while nobody waits.
+/// Offers the pooled units of `sku` to its lines in ticket order, across every shard (see
+/// the module's docs); renews the lease while anybody waits, and gives the pools back once
+/// nobody does and the lease has lapsed. Returns the units offered. Costs one pipelined read
+/// per shard while nobody waits and nothing is pooled.
 ///
 /// # Errors
 /// [`StoreError::SkuLost`] / [`StoreError::Stale`] when a shard fails closed, or a Redis error
-/// (a transfer left half done is finished by the recovery task).
+/// (a transfer left half done is finished by the recovery task; pooled units wait for the
+/// next feed).
 pub async fn feed(store: &Store, sku: &str, shards: i32) -> Result<i64, StoreError> {
     if shards <= 1 {
         return Ok(0);
     }
-    let reads = (0..shards as u16).map(|i| read_line(store, sku, i));
-    let lines = futures_util::future::try_join_all(reads).await?;
-    let mut waiting: Vec<Line> = lines.iter().copied().filter(|l| l.waiting > 0).collect();
-    if waiting.is_empty() {
+    let mut lines = read_lines(store, sku, shards).await?;
+    if lines.iter().all(|l| l.waiting == 0) {
+        for (i, l) in lines.iter().enumerate() {
+            if l.pool > 0 {
+                pool_script(store, sku, i as u16, PoolOp::Release).await?;
+            }
+        }
         return Ok(0);
     }
-    // Approximate FIFO across shards: the earliest head first (ties by shard, so every
-    // gateway feeding the same SKU agrees).
-    waiting.sort_by_key(|l| (l.head_joined_ms, l.shard));
-    let states = survey(store, sku, shards).await?;
-    // Donors: open stock on a shard without a line. A shard with waiters keeps its units for
-    // its own line (give_back offers them there first).
-    let mut donors: Vec<(u16, i64)> = lines
-        .iter()
-        .filter(|l| l.waiting == 0 && states[usize::from(l.shard)].stock > 0)
-        .map(|l| (l.shard, states[usize::from(l.shard)].stock))
-        .collect();
-    let mut moved = 0;
-    for line in waiting {
-        let mut want = line.waiting;
-        for (donor, stock) in donors.iter_mut().filter(|(_, s)| *s > 0) {
-            if want == 0 {
+    let leased = lease_all(store, sku, shards, false).await?;
+    if leased.iter().any(|l| l.stock > 0) {
+        // Open stock while somebody waits reached a shard without a lease (a restore
+        // rebuilt it, or a lease lapsed while no gateway fed): it belongs to the lines.
+        for (i, _) in leased.iter().enumerate().filter(|(_, l)| l.stock > 0) {
+            pool_script(store, sku, i as u16, PoolOp::Gather).await?;
+        }
+        lines = read_lines(store, sku, shards).await?;
+    }
+    let pooled: i64 = lines.iter().map(|l| l.pool).sum();
+    if pooled == 0 {
+        return Ok(0);
+    }
+    let due = next_offers(&lines, pooled);
+    // Pooled units where the next heads are not: moved to the shards whose heads are, the
+    // earliest head's shard served first.
+    let mut pools: Vec<i64> = lines.iter().map(|l| l.pool).collect();
+    for (&to, &want) in &due {
+        let mut short = want - pools[usize::from(to)];
+        for from in 0..pools.len() {
+            let spare = pools[from] - due.get(&(from as u16)).copied().unwrap_or(0);
+            if short <= 0 {
                 break;
             }
-            let n = want.min(*stock);
-            // need = cap = n: the donor gives less if it sold some meanwhile.
-            let got = transfer::transfer(store, sku, *donor, line.shard, n, n).await?;
-            *stock -= n;
-            want -= got;
-            moved += got;
+            if from == usize::from(to) || spare <= 0 {
+                continue;
+            }
+            let n = short.min(spare);
+            let got = transfer::transfer(store, sku, (from as u16, to), n, n, Source::Pool).await?;
+            pools[from] -= got;
+            pools[usize::from(to)] += got;
+            short -= got;
         }
     }
-    Ok(moved)
+    let mut offered = 0;
+    for (&shard, &want) in &due {
+        offered += pool_script(store, sku, shard, PoolOp::Offer(want)).await?;
+    }
+    Ok(offered)
+}
+
+/// Which shards the next `units` offers go to, by ticket across every line's heads: shard ->
+/// units. Ties (never from tickets, which are unique) go to the lower shard, so every
+/// gateway feeding the same SKU agrees.
+fn next_offers(lines: &[Line], units: i64) -> BTreeMap<u16, i64> {
+    let mut heads: Vec<(f64, u16)> = lines
+        .iter()
+        .enumerate()
+        .flat_map(|(i, l)| l.heads.iter().map(move |&t| (t, i as u16)))
+        .collect();
+    heads.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mut due = BTreeMap::new();
+    for (_, shard) in heads.into_iter().take(units.max(0) as usize) {
+        *due.entry(shard).or_insert(0) += 1;
+    }
+    due
+}
+
+async fn read_lines(store: &Store, sku: &str, shards: i32) -> Result<Vec<Line>, StoreError> {
+    let reads = (0..shards as u16).map(|i| read_line(store, sku, i));
+    futures_util::future::try_join_all(reads).await
 }
 
 async fn read_line(store: &Store, sku: &str, shard: u16) -> Result<Line, StoreError> {
     let keys = store.keys(&shard_name(sku, shard));
     let mut con = store.hot();
-    let (waiting, head): (i64, Vec<String>) = store
+    let (waiting, heads, pool): (i64, Vec<(String, f64)>, Option<i64>) = store
         .bounded(async {
             Ok(redis::pipe()
                 .cmd("ZCARD")
@@ -132,29 +253,136 @@ async fn read_line(store: &Store, sku: &str, shard: u16) -> Result<Line, StoreEr
                 .cmd("ZRANGE")
                 .arg(keys.waitlist())
                 .arg(0)
-                .arg(0)
+                .arg(HEADS - 1)
+                .arg("WITHSCORES")
+                .cmd("HGET")
+                .arg(keys.state())
+                .arg("wl_pool")
                 .query_async(&mut con)
                 .await?)
         })
         .await?;
-    let mut head_joined_ms = i64::MAX;
-    if let Some(id) = head.first() {
-        let raw: Option<String> = store
+    Ok(Line {
+        waiting,
+        heads: heads.into_iter().map(|(_, t)| t).collect(),
+        pool: pool.unwrap_or(0),
+    })
+}
+
+#[derive(Debug, Clone, Copy)]
+enum PoolOp {
+    /// Offer up to this many pooled units to the shard's line.
+    Offer(i64),
+    /// Move the shard's open stock into its pool (somebody waits, and the lease is renewed).
+    Gather,
+    /// Give the pool back to open stock, if the lease has lapsed.
+    Release,
+}
+
+/// Runs `offer_pool.lua` or `release_pool.lua` on one shard. Returns the units offered or
+/// released.
+async fn pool_script(store: &Store, sku: &str, shard: u16, op: PoolOp) -> Result<i64, StoreError> {
+    let name = shard_name(sku, shard);
+    let keys = store.keys(&name);
+    let mut inv = match op {
+        PoolOp::Offer(units) => {
+            let mut inv = SCRIPTS.offer_pool.prepare_invoke();
+            inv.arg(units).arg("0");
+            inv
+        }
+        PoolOp::Gather => {
+            let mut inv = SCRIPTS.offer_pool.prepare_invoke();
+            inv.arg(0).arg("1");
+            inv
+        }
+        PoolOp::Release => SCRIPTS.release_pool.prepare_invoke(),
+    };
+    for k in keys.lifecycle() {
+        inv.key(k);
+    }
+    let mut con = store.hot();
+    let call = store.bounded(async { Ok(inv.invoke_async(&mut con).await?) });
+    let (code, units): (i64, i64) = crate::activity::with_mark(store, &name, call).await?;
+    match (op, code) {
+        (PoolOp::Release, 0) => Ok(0),
+        (PoolOp::Release, 1) => Ok(units),
+        (PoolOp::Offer(_) | PoolOp::Gather, n) if n >= 0 => Ok(n),
+        (_, -3) => Err(StoreError::Stale),
+        _ => Err(StoreError::SkuLost),
+    }
+}
+
+/// The place in the SKU's one line (1: next to be offered) of the waiting entry `entry_id` in
+/// `home`'s line: the entries of every line with an earlier ticket, plus one. `None` when
+/// the entry is not waiting there.
+///
+/// # Errors
+/// A Redis error.
+pub async fn position(
+    store: &Store,
+    sku: &str,
+    shards: i32,
+    home: u16,
+    entry_id: &str,
+) -> Result<Option<i64>, StoreError> {
+    let keys = store.keys(&shard_name(sku, home));
+    let mut con = store.hot();
+    let ticket: Option<f64> = store
+        .bounded(async {
+            Ok(redis::cmd("ZSCORE")
+                .arg(keys.waitlist())
+                .arg(entry_id)
+                .query_async(&mut con)
+                .await?)
+        })
+        .await?;
+    let Some(ticket) = ticket else {
+        return Ok(None);
+    };
+    let counts = (0..shards.max(1) as u16).map(|i| async move {
+        let line = store.keys(&shard_name(sku, i)).waitlist();
+        let mut con = store.hot();
+        store
             .bounded(async {
-                Ok(redis::cmd("HGET")
-                    .arg(keys.waitlist_entries())
-                    .arg(id)
-                    .query_async(&mut con)
+                Ok(redis::cmd("ZCOUNT")
+                    .arg(line)
+                    .arg("-inf")
+                    .arg(format!("({ticket}"))
+                    .query_async::<i64>(&mut con)
                     .await?)
             })
-            .await?;
-        if let Some(e) = raw.as_deref().and_then(Entry::parse) {
-            head_joined_ms = e.joined_ms;
+            .await
+    });
+    let ahead: i64 = futures_util::future::try_join_all(counts)
+        .await?
+        .into_iter()
+        .sum();
+    Ok(Some(ahead + 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(heads: &[f64], pool: i64) -> Line {
+        Line {
+            waiting: heads.len() as i64,
+            heads: heads.to_vec(),
+            pool,
         }
     }
-    Ok(Line {
-        shard,
-        waiting,
-        head_joined_ms,
-    })
+
+    #[test]
+    fn pooled_units_go_to_the_earliest_tickets_across_every_line() {
+        let lines = [
+            line(&[2.0, 7.0], 0),
+            line(&[], 3),
+            line(&[1.0, 3.0, 4.0], 0),
+        ];
+        assert_eq!(next_offers(&lines, 3), BTreeMap::from([(0, 1), (2, 2)]));
+        assert_eq!(next_offers(&lines, 5), BTreeMap::from([(0, 2), (2, 3)]));
+        // More units than waiters: one unit an entry; the rest stays pooled.
+        assert_eq!(next_offers(&lines, 9), BTreeMap::from([(0, 2), (2, 3)]));
+        assert_eq!(next_offers(&lines, 0), BTreeMap::new());
+    }
 }

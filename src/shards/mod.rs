@@ -14,11 +14,12 @@
 //!   two-step transfer ([`transfer`]), and the claim is decided once more; `sold_out` is
 //!   answered only when every shard is dry and no transfer is in flight;
 //! - the recovery task ([`recovery`]): finishes transfers a gateway began and did not finish,
-//!   and feeds the waitlist;
+//!   and feeds the waitlists;
 //! - the waitlist ([`line`]): one line per shard, joined by the buyers routed there (so an
-//!   offer counts where the buyer's other claims do); a join first checks that the other
-//!   shards are dry, and open stock on shards with an empty line is moved to shards whose
-//!   line has waiters, where it is offered to the line before open stock;
+//!   offer counts where the buyer's other claims do), ordered by tickets from shard 0 so the
+//!   SKU keeps one join order; a join first leases every shard and checks that the other
+//!   shards are dry; units given back under the lease wait in the shard's pool, and the feed
+//!   offers them across the lines in ticket order;
 //! - the writer names a row's SKU from the shard's name (`keys::split_shard`), the SKU view
 //!   sums the shards ([`view`]), restock moves shard 0, restore rebuilds every shard.
 //!

@@ -1,7 +1,7 @@
 //! Finishes transfers that a gateway began and did not finish (it died, or lost Redis's answer
-//! between two steps), and feeds the waitlists: while some shard's line of a sharded SKU has
-//! waiting entries, open stock on its shards with an empty line is moved there to be offered
-//! ([`super::line::feed`]). Runs in every gateway; every step is fenced by the
+//! between two steps), and feeds the waitlists: units kept in the shards' pools are offered
+//! across a sharded SKU's lines in ticket order, and given back to open stock once nobody
+//! waits ([`super::line::feed`]). Runs in every gateway; every step is fenced by the
 //! transfer id, so two gateways finishing the same transfer, or feeding the same line, move
 //! each unit once.
 
@@ -91,7 +91,7 @@ impl Recovery {
                     tracing::debug!(
                         sku,
                         units,
-                        "moved open stock to shards whose waitlist has waiters"
+                        "offered pooled units to the SKU's waitlists"
                     );
                 }
                 Err(e) => {

@@ -5,8 +5,9 @@
 //!    `transfer_out` field and records `id -> units|recipient|generation|created_ms` in its
 //!    pending transfers;
 //! 2. `transfer_in.lua` on the recipient gives them back once per id (a record of the applied
-//!    id, kept [`super::TRANSFER_RECORD_TTL_SECS`]): offered to its waitlist's head first
-//!    (each shard has a line of its own, src/shards/line.rs), the rest to its stock;
+//!    id, kept [`super::TRANSFER_RECORD_TTL_SECS`]): through `give_back` (its pool under a
+//!    line lease, src/shards/line.rs; else its line's head first, the rest to its stock), or
+//!    into its pool when they came from the donor's ([`Source::Pool`]);
 //! 3. `finish_transfer.lua` on the donor removes the pending record and the units from
 //!    `transfer_out`.
 //!
@@ -17,45 +18,13 @@
 //! the replicas hold the one before it, so a failover cannot take back step 1 after step 2
 //! added its units.
 
-use std::sync::LazyLock;
-
-use redis::Script;
 use uuid::Uuid;
 
 use crate::error::StoreError;
 use crate::keys::{shard_name, SkuKeys};
 use crate::metrics as m;
+use crate::scripts::SCRIPTS;
 use crate::store::Store;
-
-struct TransferScripts {
-    take: Script,
-    apply: Script,
-    finish: Script,
-}
-
-static SCRIPTS: LazyLock<TransferScripts> = LazyLock::new(|| TransferScripts {
-    take: Script::new(include_str!("../../lua/transfer_out.lua")),
-    // Step 2 gives its units back through `give_back`, so that the recipient shard's waitlist
-    // is offered them before open stock is: the shared library goes first, as for every
-    // script that gives units back (src/scripts.rs).
-    apply: Script::new(concat!(
-        include_str!("../../lua/lib/lifecycle.lua"),
-        include_str!("../../lua/transfer_in.lua")
-    )),
-    finish: Script::new(include_str!("../../lua/finish_transfer.lua")),
-});
-
-/// Loads the transfer scripts (SCRIPT LOAD), with the others at start.
-///
-/// # Errors
-/// The Redis error of the first script that failed to load.
-pub async fn load_all<C: redis::aio::ConnectionLike>(con: &mut C) -> Result<(), StoreError> {
-    let s = &*SCRIPTS;
-    for script in [&s.take, &s.apply, &s.finish] {
-        script.prepare_invoke().load_async(con).await?;
-    }
-    Ok(())
-}
 
 /// A transfer a donor recorded and has not forgotten yet.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,12 +36,35 @@ pub struct Pending {
     /// The donor state's generation when the units were taken (see `transfer_out.lua`).
     pub generation: String,
     pub created_ms: i64,
+    /// Where the units were taken from, and so where the recipient puts them.
+    pub source: Source,
+}
+
+/// Which of a donor's counts a transfer takes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// Open stock (a refill, a restock's gathering): the recipient gives the units back
+    /// (`give_back`: its line first, or its pool under a line lease).
+    Stock,
+    /// The waitlist pool (src/shards/line.rs): units kept for the SKU's lines stay in the
+    /// recipient's pool, to be offered there.
+    Pool,
+}
+
+impl Source {
+    fn arg(self) -> &'static str {
+        match self {
+            Source::Stock => "",
+            Source::Pool => "pool",
+        }
+    }
 }
 
 impl Pending {
-    /// Parses a record `units|recipient|generation|created_ms` of the donor `donor`.
+    /// Parses a record `units|recipient|generation|created_ms[|source]` of the donor `donor`
+    /// (records written before pools have no source: stock).
     pub(super) fn parse(donor: u16, id: &str, rec: &str) -> Option<Pending> {
-        let mut p = rec.splitn(4, '|');
+        let mut p = rec.splitn(5, '|');
         Some(Pending {
             id: Uuid::parse_str(id).ok()?,
             donor,
@@ -80,6 +72,10 @@ impl Pending {
             recipient: p.next()?.parse().ok()?,
             generation: p.next()?.to_string(),
             created_ms: p.next()?.parse().ok()?,
+            source: match p.next() {
+                Some("pool") => Source::Pool,
+                _ => Source::Stock,
+            },
         })
     }
 }
@@ -125,17 +121,17 @@ pub async fn take(
     store: &Store,
     sku: &str,
     id: &Uuid,
-    donor: u16,
-    recipient: u16,
+    (donor, recipient): (u16, u16),
     need: i64,
     cap: i64,
+    source: Source,
 ) -> Result<Taken, StoreError> {
     let keys = store.keys(&shard_name(sku, donor));
     let mut con = store.hot();
     let (code, units, generation): (i64, i64, String) = store
         .bounded(async {
             Ok(SCRIPTS
-                .take
+                .transfer_out
                 .key(keys.state())
                 .key(keys.transfers())
                 .arg(id.to_string())
@@ -143,6 +139,7 @@ pub async fn take(
                 .arg(cap)
                 .arg(recipient)
                 .arg(crate::claims::now_ms())
+                .arg(source.arg())
                 .invoke_async(&mut con)
                 .await?)
         })
@@ -175,7 +172,7 @@ pub async fn take(
 pub async fn complete(store: &Store, sku: &str, p: &Pending) -> Result<bool, StoreError> {
     let to = store.keys(&shard_name(sku, p.recipient));
     let mut con = store.hot();
-    let mut apply = SCRIPTS.apply.prepare_invoke();
+    let mut apply = SCRIPTS.transfer_in.prepare_invoke();
     for k in to.lifecycle() {
         apply.key(k);
     }
@@ -183,7 +180,8 @@ pub async fn complete(store: &Store, sku: &str, p: &Pending) -> Result<bool, Sto
         .key(to.transfer_in(&p.id))
         .arg(p.units)
         .arg(&p.generation)
-        .arg(super::TRANSFER_RECORD_TTL_SECS);
+        .arg(super::TRANSFER_RECORD_TTL_SECS)
+        .arg(p.source.arg());
     let code: i64 = store
         .bounded(async { Ok(apply.invoke_async(&mut con).await?) })
         .await?;
@@ -203,7 +201,7 @@ pub async fn complete(store: &Store, sku: &str, p: &Pending) -> Result<bool, Sto
     let _: i64 = store
         .bounded(async {
             Ok(SCRIPTS
-                .finish
+                .finish_transfer
                 .key(from.state())
                 .key(from.transfers())
                 .arg(p.id.to_string())
@@ -215,20 +213,22 @@ pub async fn complete(store: &Store, sku: &str, p: &Pending) -> Result<bool, Sto
     Ok(applied)
 }
 
-/// Moves units from `donor` to `recipient` now, all three steps. Returns the units moved.
+/// Moves units of `source` from `donor` to `recipient` now, all three steps. Returns the
+/// units moved.
 ///
 /// # Errors
 /// As [`take`] and [`complete`]; a transfer left half done is finished by the recovery task.
 pub async fn transfer(
     store: &Store,
     sku: &str,
-    donor: u16,
-    recipient: u16,
+    (donor, recipient): (u16, u16),
     need: i64,
     cap: i64,
+    source: Source,
 ) -> Result<i64, StoreError> {
     let id = Uuid::now_v7();
-    let (units, generation) = match take(store, sku, &id, donor, recipient, need, cap).await? {
+    let taken = take(store, sku, &id, (donor, recipient), need, cap, source).await?;
+    let (units, generation) = match taken {
         Taken::Units(u, g) => (u, g),
         Taken::Dry => return Ok(0),
     };
@@ -239,6 +239,7 @@ pub async fn transfer(
         units,
         generation,
         created_ms: crate::claims::now_ms(),
+        source,
     };
     Ok(if complete(store, sku, &p).await? {
         units

@@ -12,6 +12,8 @@ use crate::store::Store;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardState {
     pub stock: i64,
+    /// Units kept for the SKU's waitlists (`wl_pool`, src/shards/line.rs): not open stock.
+    pub pool: i64,
     pub in_flight: i64,
     /// Units this shard took out for transfers it has not forgotten yet.
     pub transfer_out: i64,
@@ -24,6 +26,9 @@ pub struct ShardState {
 pub struct ShardView {
     pub shard: u16,
     pub remaining: i64,
+    /// Units given back while somebody waited in one of the SKU's lines, kept for the lines
+    /// (offered in join order by the feed, src/shards/line.rs) and sold to nobody else.
+    pub for_waitlist: i64,
     pub in_flight: i64,
     pub transfer_out: i64,
 }
@@ -42,7 +47,13 @@ pub async fn survey(store: &Store, sku: &str, shards: i32) -> Result<Vec<ShardSt
 async fn read_shard(store: &Store, sku: &str, shard: u16) -> Result<ShardState, StoreError> {
     let keys = store.keys(&shard_name(sku, shard));
     let mut con = store.hot();
-    type Head = (Option<i64>, Option<i64>, Option<i64>, Option<String>);
+    type Head = (
+        Option<i64>,
+        Option<i64>,
+        Option<i64>,
+        Option<String>,
+        Option<i64>,
+    );
     let (head, pending): (Head, Vec<(String, String)>) = store
         .bounded(async {
             Ok(redis::pipe()
@@ -52,13 +63,14 @@ async fn read_shard(store: &Store, sku: &str, shard: u16) -> Result<ShardState, 
                 .arg("inflight")
                 .arg("transfer_out")
                 .arg("stale")
+                .arg("wl_pool")
                 .cmd("HGETALL")
                 .arg(keys.transfers())
                 .query_async(&mut con)
                 .await?)
         })
         .await?;
-    let (Some(stock), in_flight, transfer_out, stale) = head else {
+    let (Some(stock), in_flight, transfer_out, stale, pool) = head else {
         return Err(StoreError::SkuLost);
     };
     if stale.is_some() {
@@ -66,6 +78,7 @@ async fn read_shard(store: &Store, sku: &str, shard: u16) -> Result<ShardState, 
     }
     Ok(ShardState {
         stock,
+        pool: pool.unwrap_or(0),
         in_flight: in_flight.unwrap_or(0),
         transfer_out: transfer_out.unwrap_or(0),
         pending: pending
@@ -107,7 +120,8 @@ pub async fn read(store: &Store, sku: &str, shards: i32) -> Option<ShardedSide> 
         }
     }
     Some(ShardedSide {
-        remaining: states.iter().map(|s| s.stock).sum(),
+        // Pooled units are the SKU's too: kept for its lines, sold to nobody else.
+        remaining: states.iter().map(|s| s.stock + s.pool).sum(),
         in_flight: states.iter().map(|s| s.in_flight).sum(),
         in_transit,
         shards: states
@@ -116,6 +130,7 @@ pub async fn read(store: &Store, sku: &str, shards: i32) -> Option<ShardedSide> 
             .map(|(i, s)| ShardView {
                 shard: i as u16,
                 remaining: s.stock,
+                for_waitlist: s.pool,
                 in_flight: s.in_flight,
                 transfer_out: s.transfer_out,
             })

@@ -259,10 +259,14 @@ async fn a_transfer_interrupted_between_its_steps_is_finished_once_and_creates_n
 
     // Step 1 only, as a gateway that died right after it would leave it.
     let id = Uuid::now_v7();
-    let taken = transfer::take(&store, &sku, &id, 1, 0, 2, 2).await.unwrap();
+    let taken = transfer::take(&store, &sku, &id, (1, 0), 2, 2, transfer::Source::Stock)
+        .await
+        .unwrap();
     assert_eq!(taken, Taken::Units(2, String::new()));
     // A resend of step 1 takes nothing more.
-    let again = transfer::take(&store, &sku, &id, 1, 0, 2, 2).await.unwrap();
+    let again = transfer::take(&store, &sku, &id, (1, 0), 2, 2, transfer::Source::Stock)
+        .await
+        .unwrap();
     assert_eq!(again, Taken::Units(2, String::new()));
     let v = app.view(&sku).await;
     assert_eq!(shard_remaining(&v), vec![3, 1, 3]);
@@ -290,7 +294,9 @@ async fn a_transfer_interrupted_between_its_steps_is_finished_once_and_creates_n
     // Step 1 only, then two gateways' recovery rounds and a borrowing claim's completion all
     // finishing it at once: its units land once.
     let id = Uuid::now_v7();
-    transfer::take(&store, &sku, &id, 2, 1, 1, 1).await.unwrap();
+    transfer::take(&store, &sku, &id, (2, 1), 1, 1, transfer::Source::Stock)
+        .await
+        .unwrap();
     let p = transfer::pending(&store, &sku, 2).await.unwrap().remove(0);
     let recovery = |store: Store| Recovery {
         store,

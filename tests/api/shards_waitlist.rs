@@ -1,6 +1,6 @@
 //! The waitlists of a sharded SKU (src/shards/line.rs): a line per shard, joined by the buyers
 //! routed there only once every shard is dry, fed by units that come back on any shard before
-//! open stock gets them (across shards, the line whose head joined first first), offers held,
+//! open stock gets them (across shards, in the order of the joins' tickets), offers held,
 //! confirmed and declined on their buyer's own shard. Lapsed, expired and restored offers, and
 //! the per-user limit with an offer held: tests/api/shards_offers.rs.
 
@@ -40,15 +40,6 @@ pub(crate) async fn declare(app: &TestApp, prefix: &str, total: i64, offer_secon
     .await;
     assert_eq!(r.status(), 201);
     sku
-}
-
-/// Redis's clock (TIME), in milliseconds.
-async fn redis_ms(app: &TestApp) -> i64 {
-    let (secs, micros): (i64, i64) = redis::cmd("TIME")
-        .query_async(&mut app.probe.redis.clone())
-        .await
-        .unwrap();
-    secs * 1000 + micros / 1000
 }
 
 pub(crate) async fn join(app: &TestApp, sku: &str, user: &str) -> (u16, Value) {
@@ -155,9 +146,10 @@ async fn a_sharded_sku_takes_joins_only_once_every_shard_is_dry() {
     assert_eq!((s, first["position"].as_i64()), (201, Some(1)), "{first}");
     let (s, again) = join(&app, &sku, &waiter).await;
     assert_eq!((s, &again["entry_id"]), (200, &first["entry_id"]));
-    // The next joiner, routed to shard 1, heads the line of its own shard.
+    // The next joiner, routed to shard 1, heads the line of its own shard and is second in
+    // the SKU's (its ticket is the later).
     let (s, other) = join(&app, &sku, &second).await;
-    assert_eq!((s, other["position"].as_i64()), (201, Some(1)), "{other}");
+    assert_eq!((s, other["position"].as_i64()), (201, Some(2)), "{other}");
     // A buyer at its limit on its own shard (2) may not join that shard's line.
     let (s, body) = join(&app, &sku, &buyers[2]).await;
     assert_eq!((s, code(&body)), (409, "limit_reached"));
@@ -167,7 +159,7 @@ async fn a_sharded_sku_takes_joins_only_once_every_shard_is_dry() {
     }
     // The owner reads its entry on its own shard; the admin finds it on any.
     let id = other["entry_id"].as_str().unwrap();
-    assert_eq!(entry(&app, id, &second).await["position"], 1);
+    assert_eq!(entry(&app, id, &second).await["position"], 2);
     let (s, body) = get_as(&app, &format!("/v1/waitlist/{id}"), ADMIN).await;
     assert_eq!((s, body["user"].as_str()), (200, Some(second.as_str())));
     let (s, _) = get_as(&app, &format!("/v1/waitlist/{id}"), &token(&waiter)).await;
@@ -198,11 +190,6 @@ async fn a_hold_cancelled_on_a_shard_without_a_line_is_offered_once_to_the_earli
         let (s, b) = join(&app, &sku, w).await;
         assert_eq!(s, 201, "{b}");
         ids.push(b["entry_id"].as_str().unwrap().to_string());
-        // Heads are compared by Redis's clock at the join: let it tick past this one.
-        let joined = redis_ms(&app).await;
-        while redis_ms(&app).await <= joined {
-            tokio::task::yield_now().await;
-        }
     }
     // The unit comes back on shard 2, where no line is: it is moved to the line whose head
     // joined first (shard 1's), not to shard 0's.
@@ -210,7 +197,7 @@ async fn a_hold_cancelled_on_a_shard_without_a_line_is_offered_once_to_the_earli
     assert_eq!(s, 200);
     until_status(&app, &ids[0], &waiters[0], "offered").await;
     assert_eq!(entry(&app, &ids[1], &waiters[1]).await["position"], 1);
-    assert_eq!(entry(&app, &ids[2], &waiters[2]).await["position"], 1);
+    assert_eq!(entry(&app, &ids[2], &waiters[2]).await["position"], 2);
     assert_eq!(
         stocks(&app, &sku).await,
         vec![0, 0, 0],
@@ -294,8 +281,12 @@ async fn a_burst_of_buyers_on_every_shard_never_takes_an_offered_unit() {
         let n = i / 2;
         until_status(&app, &ids[n], &waiters[n], "offered").await;
     }
+    // Kept for the lines until the line lease of the last join lapses, then open stock.
     assert_eq!(decide(&app, &holds[5], "cancel", &buyers[5]).await.0, 200);
-    assert_eq!(stocks(&app, &sku).await, vec![0, 0, 1]);
+    wait_for(Duration::from_secs(15), || async {
+        stocks(&app, &sku).await == vec![0, 0, 1]
+    })
+    .await;
 
     let crowd = users("swb-c", 300);
     let answers = release_buyers(&app, &sku, crowd).await;
@@ -315,4 +306,67 @@ async fn a_burst_of_buyers_on_every_shard_never_takes_an_offered_unit() {
         (v["offered"].as_i64(), v["consistent"].as_bool()),
         (Some(3), Some(true))
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unit_given_back_on_a_shard_with_a_line_goes_first_to_an_earlier_joiner_on_another() {
+    let app = spawn_app().await;
+    let sku = declare(&app, "swt", 3, 600).await;
+    let buyers: Vec<String> = (0..3).map(|i| on_shard("swt-b", i, 1).remove(0)).collect();
+    let mut holds = Vec::new();
+    for b in &buyers {
+        holds.push(hold(&app, &sku, b).await);
+    }
+    // The first joiner waits on shard 1, the second on shard 2.
+    let first = on_shard("swt-w0", 1, 1).remove(0);
+    let second = on_shard("swt-w1", 2, 1).remove(0);
+    let mut ids = Vec::new();
+    for w in [&first, &second] {
+        let (s, b) = join(&app, &sku, w).await;
+        assert_eq!(s, 201, "{b}");
+        ids.push(b["entry_id"].as_str().unwrap().to_string());
+    }
+    assert_eq!(entry(&app, &ids[1], &second).await["position"], 2);
+    // The unit comes back on shard 2, whose own line has the second joiner: the first joiner
+    // (shard 1) is served first, on its own shard.
+    assert_eq!(decide(&app, &holds[2], "cancel", &buyers[2]).await.0, 200);
+    until_status(&app, &ids[0], &first, "offered").await;
+    assert_eq!(entry(&app, &ids[1], &second).await["position"], 1);
+    assert_eq!(
+        (
+            app.held(&shard_name(&sku, 1), &first).await,
+            app.held(&shard_name(&sku, 2), &second).await
+        ),
+        (1, 0),
+        "the offer is held on the first joiner's shard"
+    );
+    for u in (0..3).map(|i| on_shard("swt-out", i, 1).remove(0)) {
+        let r = app.claim(&sku, &u, 1, None).await;
+        assert_eq!(r.status(), 409, "nobody outside the line buys");
+    }
+    // The next unit, back on shard 0 (no line there), goes to the second joiner.
+    assert_eq!(decide(&app, &holds[0], "cancel", &buyers[0]).await.0, 200);
+    until_status(&app, &ids[1], &second, "offered").await;
+    assert_eq!(app.held(&shard_name(&sku, 2), &second).await, 1);
+
+    let v = settled_shards(&app, &sku, 3).await;
+    assert_eq!(stocks(&app, &sku).await, vec![0, 0, 0]);
+    let pooled: Vec<i64> = v["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["for_waitlist"].as_i64().unwrap())
+        .collect();
+    assert_eq!(pooled, vec![0, 0, 0], "every pooled unit was offered");
+    assert_eq!(live_units(&app, &sku).await, 3, "3 units, each sold once");
+    assert_eq!(
+        line_rows(&app, &sku).await,
+        statuses([(&first, "offered"), (&second, "offered")])
+    );
+    assert_eq!(
+        (v["offered"].as_i64(), v["consistent"].as_bool()),
+        (Some(2), Some(true)),
+        "{v}"
+    );
+    reconcile(REDIS_URL, &app.probe.database_url, &app.probe.prefix);
 }
