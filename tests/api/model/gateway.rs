@@ -300,10 +300,13 @@ type UsersAndStock = (Vec<(String, i64)>, Option<i64>);
 
 /// Checks, twice a second while the clients run, what must hold at every instant: no Redis
 /// stock below 0, no buyer's Redis count over the limit; and no SKU with more live units in the
-/// ledger than its total in two reads in a row. One read over may be the ledger lagging Redis
-/// (a parked claim's row is closed after its units went back, and a buyer may have taken them
-/// and been written in between); an oversell stays over. Each such read is printed, so a
-/// failing run shows whether it was one.
+/// ledger than its total in two reads in a row. One read over may be the ledger lagging Redis:
+/// a writer's batch writes its winners before it applies its status changes (a status change
+/// needs its claim's row, which may be in the same batch: src/writer/mod.rs), so a batch
+/// holding a hold's expiry and the win of the unit it gave back shows both live between its
+/// two statements; two writers of one journal can do the same across batches; and a parked
+/// claim's row is closed after its units went back. An oversell stays over. Each such read is
+/// printed, so a failing run shows whether it was one.
 async fn monitor(probe: Probe, done: Arc<AtomicBool>) -> Result<(), String> {
     let mut over: std::collections::HashMap<String, (i64, i64)> = Default::default();
     while !done.load(Ordering::Relaxed) {
