@@ -56,13 +56,13 @@ pub async fn join(store: &Store, sku: &Sku, user: &str) -> Result<Joined, Lifecy
     // A sharded SKU's buyer joins the line of its own shard, where its claims and its offer
     // are counted; the other shards are checked first, not atomically with the join
     // (src/shards/line.rs).
-    let home = crate::shards::shard_of_user(user, sku.shards);
-    let in_stock_elsewhere = if sku.shards > 1 {
-        crate::shards::line::before_join(store, &sku.sku, sku.shards, home).await?
+    let home = sku.layout.shard_of_user(user);
+    let in_stock_elsewhere = if sku.layout.is_sharded() {
+        crate::shards::line::before_join(store, &sku.sku, sku.layout, home).await?
     } else {
         false
     };
-    let name = crate::keys::shard_name(&sku.sku, home);
+    let name = sku.layout.name(&sku.sku, home);
     let keys = store.keys(&name);
     let mut inv = SCRIPTS.join_waitlist.prepare_invoke();
     for k in keys.lifecycle() {
@@ -125,8 +125,8 @@ pub async fn find(
 /// line.rs), every shard for the admin; the SKU itself when it has one shard.
 fn entry_shards(sku: &Sku, caller: Option<&str>) -> Vec<String> {
     match caller {
-        Some(user) => vec![crate::shards::name_for_user(&sku.sku, sku.shards, user)],
-        None => crate::shards::names(&sku.sku, sku.shards),
+        Some(user) => vec![sku.layout.name_for_user(&sku.sku, user)],
+        None => sku.layout.names(&sku.sku),
     }
 }
 

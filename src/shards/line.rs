@@ -28,8 +28,8 @@
 
 use super::transfer;
 use super::view::survey;
+use super::Layout;
 use crate::error::StoreError;
-use crate::keys::shard_name;
 use crate::lifecycle::records::Entry;
 use crate::store::Store;
 
@@ -44,17 +44,17 @@ use crate::store::Store;
 pub async fn before_join(
     store: &Store,
     sku: &str,
-    shards: i32,
+    layout: Layout,
     home: u16,
 ) -> Result<bool, StoreError> {
-    let mut states = survey(store, sku, shards).await?;
+    let mut states = survey(store, sku, layout).await?;
     if states.iter().any(|s| !s.pending.is_empty()) {
         // Units in transit land on some shard (where a line is, they are offered to it):
         // finish them, as a refill would, then look again.
         for p in states.iter().flat_map(|s| &s.pending) {
-            transfer::complete(store, sku, p).await?;
+            transfer::complete(store, sku, layout, p).await?;
         }
-        states = survey(store, sku, shards).await?;
+        states = survey(store, sku, layout).await?;
     }
     // Pending once more: another gateway began a transfer meanwhile. Its units are on their
     // way to a shard, so the SKU is not sold out; the buyer's claim borrows them.
@@ -82,11 +82,15 @@ struct Line {
 /// # Errors
 /// [`StoreError::SkuLost`] / [`StoreError::Stale`] when a shard fails closed, or a Redis error
 /// (a transfer left half done is finished by the recovery task).
-pub async fn feed(store: &Store, sku: &str, shards: i32) -> Result<i64, StoreError> {
-    if shards <= 1 {
+pub async fn feed(store: &Store, sku: &str, layout: Layout) -> Result<i64, StoreError> {
+    if !layout.is_sharded() {
         return Ok(0);
     }
-    let reads = (0..shards as u16).map(|i| read_line(store, sku, i));
+    let names = layout.names(sku);
+    let reads = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| read_line(store, name, i as u16));
     let lines = futures_util::future::try_join_all(reads).await?;
     let mut waiting: Vec<Line> = lines.iter().copied().filter(|l| l.waiting > 0).collect();
     if waiting.is_empty() {
@@ -95,7 +99,7 @@ pub async fn feed(store: &Store, sku: &str, shards: i32) -> Result<i64, StoreErr
     // Approximate FIFO across shards: the earliest head first (ties by shard, so every
     // gateway feeding the same SKU agrees).
     waiting.sort_by_key(|l| (l.head_joined_ms, l.shard));
-    let states = survey(store, sku, shards).await?;
+    let states = survey(store, sku, layout).await?;
     // Donors: open stock on a shard without a line. A shard with waiters keeps its units for
     // its own line (give_back offers them there first).
     let mut donors: Vec<(u16, i64)> = lines
@@ -112,7 +116,7 @@ pub async fn feed(store: &Store, sku: &str, shards: i32) -> Result<i64, StoreErr
             }
             let n = want.min(*stock);
             // need = cap = n: the donor gives less if it sold some meanwhile.
-            let got = transfer::transfer(store, sku, *donor, line.shard, n, n).await?;
+            let got = transfer::transfer(store, sku, layout, *donor, line.shard, n, n).await?;
             *stock -= n;
             want -= got;
             moved += got;
@@ -121,8 +125,8 @@ pub async fn feed(store: &Store, sku: &str, shards: i32) -> Result<i64, StoreErr
     Ok(moved)
 }
 
-async fn read_line(store: &Store, sku: &str, shard: u16) -> Result<Line, StoreError> {
-    let keys = store.keys(&shard_name(sku, shard));
+async fn read_line(store: &Store, name: &str, shard: u16) -> Result<Line, StoreError> {
+    let keys = store.keys(name);
     let mut con = store.hot();
     let (waiting, head): (i64, Vec<String>) = store
         .bounded(async {

@@ -4,8 +4,8 @@
 use serde::Serialize;
 
 use super::transfer::Pending;
+use super::Layout;
 use crate::error::StoreError;
-use crate::keys::shard_name;
 use crate::store::Store;
 
 /// One shard as Redis holds it.
@@ -34,13 +34,21 @@ pub struct ShardView {
 /// # Errors
 /// [`StoreError::SkuLost`] when a shard's state is missing, [`StoreError::Stale`] when one is
 /// marked stale (the SKU fails closed as a whole), or the Redis error.
-pub async fn survey(store: &Store, sku: &str, shards: i32) -> Result<Vec<ShardState>, StoreError> {
-    let reads = (0..shards.max(1) as u16).map(|i| read_shard(store, sku, i));
+pub async fn survey(
+    store: &Store,
+    sku: &str,
+    layout: Layout,
+) -> Result<Vec<ShardState>, StoreError> {
+    let names = layout.names(sku);
+    let reads = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| read_shard(store, name, i as u16));
     futures_util::future::try_join_all(reads).await
 }
 
-async fn read_shard(store: &Store, sku: &str, shard: u16) -> Result<ShardState, StoreError> {
-    let keys = store.keys(&shard_name(sku, shard));
+async fn read_shard(store: &Store, name: &str, shard: u16) -> Result<ShardState, StoreError> {
+    let keys = store.keys(name);
     let mut con = store.hot();
     type Head = (Option<i64>, Option<i64>, Option<i64>, Option<String>);
     let (head, pending): (Head, Vec<(String, String)>) = store
@@ -87,11 +95,13 @@ pub struct ShardedSide {
 }
 
 /// Reads [`ShardedSide`]; `None` when Redis cannot tell (unreachable, a shard lost or stale).
-pub async fn read(store: &Store, sku: &str, shards: i32) -> Option<ShardedSide> {
-    let states = survey(store, sku, shards).await.ok()?;
+pub async fn read(store: &Store, sku: &str, layout: Layout) -> Option<ShardedSide> {
+    let states = survey(store, sku, layout).await.ok()?;
     let mut in_transit = 0;
     for p in states.iter().flat_map(|s| &s.pending) {
-        let applied = store.keys(&shard_name(sku, p.recipient)).transfer_in(&p.id);
+        let applied = store
+            .keys(&layout.name(sku, p.recipient))
+            .transfer_in(&p.id);
         let mut con = store.hot();
         let done: bool = store
             .bounded(async {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use dropgate::shards::recovery::Recovery;
 use dropgate::shards::transfer::{self, Taken};
-use dropgate::shards::{shard_of_user, split_total};
+use dropgate::shards::{shard_of_user, split_total, Layout};
 use dropgate::store::Store;
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -17,6 +17,11 @@ use crate::cluster_support::{sku_key, ClusterProbe, PrivateCluster};
 use crate::helpers::*;
 use crate::lifecycle::{claim_id, get_as, ledger_statuses, post_as};
 use crate::services::GatewayProcess;
+
+/// The Redis name of shard `i` of `sku`, no shard carrying a placement salt.
+pub(crate) fn shard_name(sku: &str, i: u16) -> String {
+    dropgate::keys::shard_name(sku, i, 0)
+}
 
 async fn declare_sharded(api: &Api, sku: &str, body: Value) -> reqwest::Response {
     api.http
@@ -195,7 +200,7 @@ async fn a_sharded_drop_sells_exactly_its_units_borrowing_the_last_ones() {
     let winners: HashSet<&str> = rows.iter().map(|(_, u)| u.as_str()).collect();
     assert_eq!(winners.len(), 10);
     for w in &winners {
-        let name = dropgate::keys::shard_name(&sku, shard_of_user(w, 3));
+        let name = shard_name(&sku, shard_of_user(w, 3));
         assert_eq!(app.held(&name, w).await, 1, "{w} counted in its shard");
     }
     // Shard 2's units went to the others' buyers through transfers.
@@ -233,10 +238,10 @@ async fn one_buyer_sending_many_requests_at_once_gets_its_limit_on_a_sharded_sku
         .iter()
         .filter(|(s, _)| *s != 201)
         .all(|(s, b)| *s == 409 && code(b) == "limit_reached"));
-    let home = dropgate::keys::shard_name(&sku, shard_of_user("greedy", 3));
+    let home = shard_name(&sku, shard_of_user("greedy", 3));
     assert_eq!(app.held(&home, "greedy").await, 2);
     for shard in 0..3u16 {
-        let name = dropgate::keys::shard_name(&sku, shard);
+        let name = shard_name(&sku, shard);
         if name != home {
             assert_eq!(app.held(&name, "greedy").await, 0, "no count on {name}");
         }
@@ -256,13 +261,20 @@ async fn a_transfer_interrupted_between_its_steps_is_finished_once_and_creates_n
     let r = declare_sharded(&app.api, &sku, json!({"total": 9, "shards": 3})).await;
     assert_eq!(r.status(), 201);
     let store = store_of(&app).await;
+    // On a single Redis no shard carries a placement salt.
+    let layout = Layout::unsalted(3);
 
     // Step 1 only, as a gateway that died right after it would leave it.
     let id = Uuid::now_v7();
-    let taken = transfer::take(&store, &sku, &id, 1, 0, 2, 2).await.unwrap();
+    let shard_1 = shard_name(&sku, 1);
+    let taken = transfer::take(&store, &shard_1, &id, 0, 2, 2)
+        .await
+        .unwrap();
     assert_eq!(taken, Taken::Units(2, String::new()));
     // A resend of step 1 takes nothing more.
-    let again = transfer::take(&store, &sku, &id, 1, 0, 2, 2).await.unwrap();
+    let again = transfer::take(&store, &shard_1, &id, 0, 2, 2)
+        .await
+        .unwrap();
     assert_eq!(again, Taken::Units(2, String::new()));
     let v = app.view(&sku).await;
     assert_eq!(shard_remaining(&v), vec![3, 1, 3]);
@@ -275,7 +287,10 @@ async fn a_transfer_interrupted_between_its_steps_is_finished_once_and_creates_n
 
     // The gateway's own recovery task finishes it (after its few seconds' grace).
     wait_for(Duration::from_secs(20), || async {
-        transfer::pending(&store, &sku, 1).await.unwrap().is_empty()
+        transfer::pending(&store, &sku, layout, 1)
+            .await
+            .unwrap()
+            .is_empty()
     })
     .await;
     let v = app.view(&sku).await;
@@ -290,8 +305,13 @@ async fn a_transfer_interrupted_between_its_steps_is_finished_once_and_creates_n
     // Step 1 only, then two gateways' recovery rounds and a borrowing claim's completion all
     // finishing it at once: its units land once.
     let id = Uuid::now_v7();
-    transfer::take(&store, &sku, &id, 2, 1, 1, 1).await.unwrap();
-    let p = transfer::pending(&store, &sku, 2).await.unwrap().remove(0);
+    transfer::take(&store, &shard_name(&sku, 2), &id, 1, 1, 1)
+        .await
+        .unwrap();
+    let p = transfer::pending(&store, &sku, layout, 2)
+        .await
+        .unwrap()
+        .remove(0);
     let recovery = |store: Store| Recovery {
         store,
         db: app.db.clone(),
@@ -300,16 +320,19 @@ async fn a_transfer_interrupted_between_its_steps_is_finished_once_and_creates_n
     let (a, b, c) = tokio::join!(
         first.round(Duration::ZERO),
         second.round(Duration::ZERO),
-        transfer::complete(&store, &sku, &p)
+        transfer::complete(&store, &sku, layout, &p)
     );
     a.unwrap();
     b.unwrap();
     assert!(c.unwrap());
     assert!(
-        transfer::complete(&store, &sku, &p).await.unwrap(),
+        transfer::complete(&store, &sku, layout, &p).await.unwrap(),
         "idempotent"
     );
-    assert!(transfer::pending(&store, &sku, 2).await.unwrap().is_empty());
+    assert!(transfer::pending(&store, &sku, layout, 2)
+        .await
+        .unwrap()
+        .is_empty());
     let v = app.view(&sku).await;
     assert_eq!(shard_remaining(&v), vec![5, 2, 2]);
     assert_eq!(
@@ -432,7 +455,7 @@ async fn restock_and_restore_of_a_sharded_sku_keep_the_books_and_reconcile_agree
     );
     // Each winner's count and idempotency record are back in its own shard.
     for u in &four {
-        let name = dropgate::keys::shard_name(&sku, shard_of_user(u, 3));
+        let name = shard_name(&sku, shard_of_user(u, 3));
         assert_eq!(app.held(&name, u).await, 1, "{u}");
         let r = app.claim(&sku, u, 1, Some(&format!("k-{u}"))).await;
         assert_eq!(r.status(), 201, "a replay after restore");
@@ -466,7 +489,7 @@ async fn a_sharded_drop_sells_exactly_its_units_on_a_cluster_of_three_masters() 
         let candidate = format!("sh-cl-{n}");
         let mut masters = HashSet::new();
         for shard in 0..3 {
-            let name = dropgate::keys::shard_name(&candidate, shard);
+            let name = shard_name(&candidate, shard);
             masters.insert(cluster.master_of(&sku_key(&name)).await);
         }
         if masters.len() == 3 {
@@ -477,6 +500,7 @@ async fn a_sharded_drop_sells_exactly_its_units_on_a_cluster_of_three_masters() 
     assert!(!sku.is_empty());
     let r = declare_sharded(&apis[0], &sku, json!({"total": 10, "shards": 3})).await;
     assert_eq!(r.status(), 201);
+    let names: Vec<String> = (0..3).map(|i| shard_name(&sku, i)).collect();
 
     // None routed to shard 2: its units reach buyers only through transfers across masters.
     let buyers: Vec<String> = users("cl", 1600)
@@ -511,9 +535,8 @@ async fn a_sharded_drop_sells_exactly_its_units_on_a_cluster_of_three_masters() 
         (Some(10), Some(0))
     );
     assert_eq!(v["consistent"], true, "{v}");
-    for shard in 0..3 {
-        let name = dropgate::keys::shard_name(&sku, shard);
-        assert_eq!(probe.stock(&name).await, Some(0), "{name}");
+    for name in &names {
+        assert_eq!(probe.stock(name).await, Some(0), "{name}");
     }
     // Counted before shard 1 is lost below: the records of transfers it received go with it.
     let mut applied = 0;
@@ -529,7 +552,7 @@ async fn a_sharded_drop_sells_exactly_its_units_on_a_cluster_of_three_masters() 
     assert!(applied > 0, "shard 2's units were borrowed");
     // Redis loses shard 1 (every key of its slot on its master): restore rebuilds every
     // shard, each buyer's count on the buyer's shard's own master.
-    let lost = dropgate::keys::shard_name(&sku, 1);
+    let lost = names[1].clone();
     let master = cluster.master_of(&sku_key(&lost)).await;
     let slot = cluster.slot_of(&sku_key(&lost)).await;
     let mut con = cluster.connection().await;
@@ -554,8 +577,8 @@ async fn a_sharded_drop_sells_exactly_its_units_on_a_cluster_of_three_masters() 
         .await
         .unwrap();
     for w in &winners {
-        let home = dropgate::keys::shard_name(&sku, shard_of_user(w, 3));
-        assert_eq!(probe.held(&home, w).await, 1, "{w} on {home}");
+        let home = &names[usize::from(shard_of_user(w, 3))];
+        assert_eq!(probe.held(home, w).await, 1, "{w} on {home}");
     }
     let db_url = iso.database_url.clone();
     let table = reconcile(&cluster.urls(), &db_url, &iso.prefix);
@@ -611,7 +634,7 @@ pub(crate) async fn settled_shards(app: &TestApp, sku: &str, shards: u16) -> Val
         let journal = format!(
             "{}:{{{}}}:journal",
             app.probe.prefix,
-            dropgate::keys::shard_name(sku, shard)
+            shard_name(sku, shard)
         );
         wait_for(Duration::from_secs(30), || async {
             let mut con = app.probe.redis.clone();
@@ -676,7 +699,7 @@ async fn holds_on_a_sharded_sku_live_in_their_buyers_shard() {
     // The cancelled unit came back to its own shard, and its buyer's count with it.
     let v = settled_shards(&app, &sku, 3).await;
     assert_eq!(shard_remaining(&v), vec![1, 2, 1]);
-    let home = dropgate::keys::shard_name(&sku, 1);
+    let home = shard_name(&sku, 1);
     assert_eq!(app.held(&home, &buyers[1]).await, 0);
     assert_eq!(
         (

@@ -3,13 +3,12 @@
 //! restore brings each line and offer back on its buyer's shard, and a buyer holding an offer
 //! never holds more than its per-user limit (invariant 3).
 
-use dropgate::keys::shard_name;
 use serde_json::json;
 use uuid::Uuid;
 
 use crate::helpers::*;
 use crate::lifecycle::declare_with;
-use crate::shards::settled_shards;
+use crate::shards::{settled_shards, shard_name};
 use crate::shards_waitlist::{
     decide, declare, entry, hold, join, line_len, line_rows, live_units, on_shard, statuses,
     stocks, until_status, SHARDS,
