@@ -169,7 +169,14 @@ pub async fn declare(
 ) -> Result<Declaration, InventoryError> {
     let db = catalog.db();
     let _lock = SkuLock::acquire(db, sku).await?;
-    let layout = crate::shards::Layout::unsalted(terms.shards);
+    // The shards' placement is chosen only for a SKU the catalog does not hold yet, and
+    // written by the INSERT that creates its row: a re-declare, or a second gateway declaring
+    // the same SKU with another view of the cluster, reads the first row's salts back below.
+    let layout = if catalog::fetch(db, sku).await?.is_none() {
+        crate::shards::placement::for_new_sku(store, sku, terms.shards).await
+    } else {
+        crate::shards::Layout::unsalted(terms.shards)
+    };
     let inserted = sqlx::query(
         "INSERT INTO skus (sku, total, per_user_limit, hold_seconds, offer_seconds, opens_at,
                            closes_at, shards, shard_salts)

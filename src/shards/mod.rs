@@ -3,8 +3,9 @@
 //!
 //! A SKU declared with `shards: n` (1..=16) is, inside Redis, n *Redis SKUs*: shard 0 keeps the
 //! SKU's own name and keys, shard i >= 1 is named `<sku>#<i>`, or `<sku>#<i>.<salt>`
-//! ([`crate::keys::shard_name`]), and so has its own hash tag and slot. The salts are kept in
-//! the catalog row, and every name is built from that row's [`Layout`]. Each shard is a whole SKU to the Redis-side machinery
+//! ([`crate::keys::shard_name`]), and so has its own hash tag and slot. On a Cluster the salts
+//! put the shards on different masters ([`placement`]); they are chosen at the first declare
+//! and kept in the catalog row, and every name is built from that row's [`Layout`]. Each shard is a whole SKU to the Redis-side machinery
 //! (state, per-user counts, journal, call records, idempotency records, activity marks, the
 //! writer, freshness): none of it knows shards exist. What does:
 //!
@@ -34,6 +35,7 @@ pub mod borrow;
 pub mod layout;
 pub mod line;
 pub mod marks;
+pub mod placement;
 pub mod recovery;
 pub mod transfer;
 pub mod view;
