@@ -23,6 +23,12 @@ pub struct ShardState {
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct ShardView {
     pub shard: u16,
+    /// Its Redis name (the hash tag of its keys), so an operator can find its keys.
+    pub name: String,
+    /// On a Cluster, the slot its keys live in (`CLUSTER KEYSLOT`), so an operator can see
+    /// which master holds it ([`super::placement`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slot: Option<u16>,
     pub remaining: i64,
     pub in_flight: i64,
     pub transfer_out: i64,
@@ -123,11 +129,19 @@ pub async fn read(store: &Store, sku: &str, layout: Layout) -> Option<ShardedSid
         shards: states
             .iter()
             .enumerate()
-            .map(|(i, s)| ShardView {
-                shard: i as u16,
-                remaining: s.stock,
-                in_flight: s.in_flight,
-                transfer_out: s.transfer_out,
+            .map(|(i, s)| {
+                let name = layout.name(sku, i as u16);
+                let slot = store
+                    .is_cluster()
+                    .then(|| super::placement::key_slot(&store.keys(&name).state()));
+                ShardView {
+                    shard: i as u16,
+                    name,
+                    slot,
+                    remaining: s.stock,
+                    in_flight: s.in_flight,
+                    transfer_out: s.transfer_out,
+                }
             })
             .collect(),
     })

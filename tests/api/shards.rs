@@ -18,9 +18,21 @@ use crate::helpers::*;
 use crate::lifecycle::{claim_id, get_as, ledger_statuses, post_as};
 use crate::services::GatewayProcess;
 
-/// The Redis name of shard `i` of `sku`, no shard carrying a placement salt.
+/// The Redis name of shard `i` of `sku` on a single Redis, where no shard carries a placement
+/// salt (src/shards/placement.rs): on a cluster, read the names from the SKU view
+/// ([`shard_names`]).
 pub(crate) fn shard_name(sku: &str, i: u16) -> String {
     dropgate::keys::shard_name(sku, i, 0)
+}
+
+/// Each shard's Redis name, as the SKU view gives it (from the catalog row's layout).
+pub(crate) fn shard_names(view: &Value) -> Vec<String> {
+    view["shards"]
+        .as_array()
+        .expect("a sharded SKU's view lists its shards")
+        .iter()
+        .map(|s| s["name"].as_str().unwrap().to_string())
+        .collect()
 }
 
 async fn declare_sharded(api: &Api, sku: &str, body: Value) -> reqwest::Response {
@@ -113,6 +125,12 @@ async fn shards_are_declared_once_split_evenly_and_refuse_the_waitlist_while_in_
     let v = app.view(&sku).await;
     assert_eq!(shard_remaining(&v), split_total(10, 3));
     assert_eq!(shard_remaining(&v), vec![4, 3, 3]);
+    // On a single Redis the shards keep their plain names, and no slot is shown.
+    assert_eq!(
+        shard_names(&v),
+        vec![sku.clone(), format!("{sku}#1"), format!("{sku}#2")]
+    );
+    assert!(v["shards"][0].get("slot").is_none(), "{v}");
     assert_eq!(
         (v["remaining"].as_i64(), v["consistent"].as_bool()),
         (Some(10), Some(true))
@@ -483,7 +501,8 @@ async fn a_sharded_drop_sells_exactly_its_units_on_a_cluster_of_three_masters() 
     gateways.push(GatewayProcess::start(&iso, &cluster.urls(), &[]).await);
     let apis: Vec<Api> = gateways.iter().map(|g| Api::new(g.base.clone())).collect();
     let probe = ClusterProbe::new(&cluster, &iso.prefix).await;
-    // A SKU whose three shards live on three different masters.
+    // A SKU whose three shards' plain names already live on three different masters: placement
+    // leaves them as they are (the SKU below this one is the case it moves).
     let mut sku = String::new();
     for n in 0..1000 {
         let candidate = format!("sh-cl-{n}");
@@ -500,7 +519,11 @@ async fn a_sharded_drop_sells_exactly_its_units_on_a_cluster_of_three_masters() 
     assert!(!sku.is_empty());
     let r = declare_sharded(&apis[0], &sku, json!({"total": 10, "shards": 3})).await;
     assert_eq!(r.status(), 201);
-    let names: Vec<String> = (0..3).map(|i| shard_name(&sku, i)).collect();
+    let names = shard_names(&apis[1].view(&sku).await);
+    assert_eq!(
+        names,
+        (0..3).map(|i| shard_name(&sku, i)).collect::<Vec<_>>()
+    );
 
     // None routed to shard 2: its units reach buyers only through transfers across masters.
     let buyers: Vec<String> = users("cl", 1600)
