@@ -295,18 +295,21 @@ impl Upkeep {
     /// The catalog read or a Redis check failed; the page is walked again next round.
     pub async fn walk_page(&mut self) -> Result<usize, UpkeepError> {
         let page_len = if self.fast { WALK_FAST_PAGE } else { WALK_PAGE };
-        let rows: Vec<(String, i32)> =
-            sqlx::query_as("SELECT sku, shards FROM skus WHERE sku > $1 ORDER BY sku LIMIT $2")
-                .bind(&self.after)
-                .bind(page_len)
-                .fetch_all(&self.db)
-                .await
-                .map_err(DbError::from)?;
-        let page: Vec<String> = rows.iter().map(|(sku, _)| sku.clone()).collect();
+        let rows: Vec<(String, i32, Vec<i32>)> = sqlx::query_as(
+            "SELECT sku, shards, shard_salts FROM skus WHERE sku > $1 ORDER BY sku LIMIT $2",
+        )
+        .bind(&self.after)
+        .bind(page_len)
+        .fetch_all(&self.db)
+        .await
+        .map_err(DbError::from)?;
+        let page: Vec<String> = rows.iter().map(|(sku, _, _)| sku.clone()).collect();
         // Every shard of a sharded SKU is a Redis SKU of its own, with its own work.
         let names: Vec<String> = rows
             .iter()
-            .flat_map(|(sku, shards)| crate::shards::names(sku, *shards))
+            .flat_map(|(sku, shards, salts)| {
+                crate::shards::Layout::stored(*shards, salts).names(sku)
+            })
             .collect();
         let store = &self.store;
         let checks: Vec<(String, Result<bool, StoreError>)> = stream::iter(names)

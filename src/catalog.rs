@@ -68,10 +68,11 @@ pub struct Sku {
     /// Carried in every id minted for this SKU (see [`crate::ids`]).
     #[serde(skip)]
     pub tag: i32,
-    /// How many Redis shards the SKU is spread over (1: one Redis SKU, as always; see
-    /// [`crate::shards`]).
+    /// How many Redis shards the SKU is spread over (1: one Redis SKU, as always) and their
+    /// placement salts: every shard's Redis name comes from here (see [`crate::shards`]).
     #[serde(skip)]
-    pub shards: i32,
+    #[sqlx(flatten)]
+    pub layout: crate::shards::Layout,
 }
 
 enum Entry {
@@ -270,7 +271,7 @@ impl Catalog {
 pub async fn fetch(db: &PgPool, sku: &str) -> Result<Option<Sku>, DbError> {
     Ok(sqlx::query_as::<_, Sku>(
         "SELECT sku, total, per_user_limit, hold_seconds, seeded, redis_seq, declare_id,
-                offer_seconds, opens_at, closes_at, tag, shards
+                offer_seconds, opens_at, closes_at, tag, shards, shard_salts
            FROM skus WHERE sku = $1",
     )
     .bind(sku)

@@ -154,13 +154,14 @@ impl ClaimService {
     ) -> Result<Outcome, StoreError> {
         let started = Instant::now();
         let sku = entry.sku.as_str();
-        let shard = crate::shards::shard_of_user(user, entry.shards);
+        let layout = entry.layout;
+        let shard = layout.shard_of_user(user);
         // Shard 0 is the SKU itself: a SKU of one shard names nothing new.
         let shard_name;
         let name = if shard == 0 {
             sku
         } else {
-            shard_name = crate::keys::shard_name(sku, shard);
+            shard_name = layout.name(sku, shard);
             shard_name.as_str()
         };
         // Shard i >= 1 keeps its mark apart (src/shards/marks.rs); the refresher reads it.
@@ -181,7 +182,7 @@ impl ClaimService {
             idempotency_key,
         };
         // Kept for a retry only where one can happen: a SKU of one shard copies nothing.
-        let again = (entry.shards > 1).then(|| input.clone());
+        let again = layout.is_sharded().then(|| input.clone());
         let mut decided = self.decide(name, entry.tag, input).await;
         if let Some(input) = again {
             let mut rounds = 0;
@@ -192,14 +193,14 @@ impl ClaimService {
                 rounds += 1;
                 let refill = self
                     .borrower
-                    .refill(&self.store, sku, entry.shards, shard, i64::from(quantity))
+                    .refill(&self.store, sku, layout, shard, i64::from(quantity))
                     .await;
                 match refill {
                     Ok(Refill::Moved) => {
                         decided = self.decide(name, entry.tag, input.clone()).await;
                     }
                     Ok(Refill::Dry) => {
-                        self.sold_out.learn(sku, entry.shards, ticket);
+                        self.sold_out.learn(sku, layout, ticket);
                         break;
                     }
                     Ok(Refill::Short) => break,
@@ -249,8 +250,8 @@ impl ClaimService {
             Decision::Closed => Outcome::Closed,
             Decision::SoldOut { remaining } => {
                 // A sharded SKU is known sold out only by a refill that found every shard dry.
-                if remaining == 0 && entry.shards <= 1 {
-                    self.sold_out.learn(sku, 1, ticket);
+                if remaining == 0 && !layout.is_sharded() {
+                    self.sold_out.learn(sku, layout, ticket);
                 }
                 Outcome::SoldOut
             }

@@ -169,10 +169,18 @@ pub async fn declare(
 ) -> Result<Declaration, InventoryError> {
     let db = catalog.db();
     let _lock = SkuLock::acquire(db, sku).await?;
+    // The shards' placement is chosen only for a SKU the catalog does not hold yet, and
+    // written by the INSERT that creates its row: a re-declare, or a second gateway declaring
+    // the same SKU with another view of the cluster, reads the first row's salts back below.
+    let layout = if catalog::fetch(db, sku).await?.is_none() {
+        crate::shards::placement::for_new_sku(store, sku, terms.shards).await
+    } else {
+        crate::shards::Layout::unsalted(terms.shards)
+    };
     let inserted = sqlx::query(
         "INSERT INTO skus (sku, total, per_user_limit, hold_seconds, offer_seconds, opens_at,
-                           closes_at, shards)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                           closes_at, shards, shard_salts)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
          ON CONFLICT (sku) DO NOTHING",
     )
     .bind(sku)
@@ -183,6 +191,7 @@ pub async fn declare(
     .bind(terms.opens_at)
     .bind(terms.closes_at)
     .bind(terms.shards)
+    .bind(layout.stored_salts())
     .execute(db)
     .await?
     .rows_affected()
@@ -191,7 +200,7 @@ pub async fn declare(
         .await?
         .ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
     if !inserted {
-        if row.total != total || row.shards != terms.shards {
+        if row.total != total || row.layout.count() != terms.shards {
             return Err(InventoryError::Refused(Refusal::SkuExists));
         }
         sqlx::query(
@@ -217,10 +226,10 @@ pub async fn declare(
     // remainder to the lowest shards, each shard's sequence in its own range. One shard found
     // holding a state stamped by another declare refuses the whole declare.
     let mut declared = Declared::Seeded;
-    let parts = crate::shards::split_total(total, row.shards);
+    let parts = crate::shards::split_total(total, row.layout.count());
     for (i, part) in parts.into_iter().enumerate() {
         let shard = i as u16;
-        let keys = store.keys(&crate::keys::shard_name(sku, shard));
+        let keys = store.keys(&row.layout.name(sku, shard));
         // A lost answer is safe to send again: the seed is stamped with the row's declare id,
         // so a second send finds its own seed and changes nothing.
         let one = store
@@ -308,16 +317,15 @@ pub async fn restock(
     let db = catalog.db();
     let mut lock = SkuLock::acquire(db, sku).await?;
     settle_restocks(store, db, sku, &mut lock, Duration::ZERO).await?;
-    let row: Option<(i64, i64, i32)> =
-        sqlx::query_as("SELECT total, redis_seq, shards FROM skus WHERE sku = $1")
-            .bind(sku)
-            .fetch_optional(db)
-            .await?;
-    let (total, floor, shards) = row.ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
+    let row = catalog::fetch(db, sku)
+        .await?
+        .ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
+    let (total, floor, layout) = (row.total, row.redis_seq, row.layout);
     // A negative delta is one step on shard 0 (src/shards/): first bring it the units the
     // other shards hold, so a SKU is restocked down as far as its whole stock allows.
-    if delta < 0 && shards > 1 && total + delta >= 0 && below_zero(store, sku, delta).await {
-        crate::shards::borrow::gather(store, sku, shards, 0, -delta).await?;
+    if delta < 0 && layout.is_sharded() && total + delta >= 0 && below_zero(store, sku, delta).await
+    {
+        crate::shards::borrow::gather(store, sku, layout, 0, -delta).await?;
     }
     if total + delta < 0 || (delta < 0 && below_zero(store, sku, delta).await) {
         return Err(InventoryError::Refused(Refusal::InsufficientStock));

@@ -2,30 +2,41 @@
 //! SKU's keys live in one Cluster slot and one script may touch them together.
 //!
 //! What is named here is a *Redis SKU*: a catalog SKU of one shard, or one shard of a sharded
-//! SKU ([`crate::shards`]). Shard 0 is the SKU's own name; shard i >= 1 is `<sku>#<i>`
-//! ([`shard_name`]), so its keys carry the tag `{<sku>#<i>}` and live in a slot of their own.
-//! SKU ids match `^[A-Za-z0-9._-]{1,64}$`, so `#` never occurs in one and [`split_shard`]
-//! always finds the catalog SKU back. Everything below works on Redis names; only the writer
-//! (the rows' `sku` column), the accounting and the HTTP layer turn them back into SKUs.
+//! SKU ([`crate::shards`]). Shard 0 is the SKU's own name; shard i >= 1 is `<sku>#<i>`, or
+//! `<sku>#<i>.<s>` when it carries a placement salt s != 0 ([`shard_name`],
+//! [`crate::shards::placement`]), so its keys carry the tag `{<sku>#<i>}` (`{<sku>#<i>.<s>}`)
+//! and live in a slot of their own. SKU ids match `^[A-Za-z0-9._-]{1,64}$`, so `#` never
+//! occurs in one and [`split_shard`] always finds the catalog SKU back. Everything below works
+//! on Redis names; only the writer (the rows' `sku` column), the accounting and the HTTP layer
+//! turn them back into SKUs.
 
-/// The Redis name of shard `shard` of `sku`: the SKU itself for shard 0, `<sku>#<shard>`
-/// otherwise.
-pub fn shard_name(sku: &str, shard: u16) -> String {
-    if shard == 0 {
-        sku.to_string()
-    } else {
-        format!("{sku}#{shard}")
+/// The Redis name of shard `shard` of `sku` with placement salt `salt`: the SKU itself for
+/// shard 0, `<sku>#<shard>` for salt 0 (the name every shard had before salts, so existing
+/// SKUs keep their keys), `<sku>#<shard>.<salt>` otherwise. Only a catalog row's
+/// [`crate::shards::Layout`] knows a shard's salt: build names through it.
+pub fn shard_name(sku: &str, shard: u16, salt: u16) -> String {
+    match (shard, salt) {
+        (0, _) => sku.to_string(),
+        (_, 0) => format!("{sku}#{shard}"),
+        _ => format!("{sku}#{shard}.{salt}"),
     }
 }
 
-/// The catalog SKU and the shard of a Redis name (the inverse of [`shard_name`]).
+/// The catalog SKU and the shard of a Redis name (the inverse of [`shard_name`], whatever the
+/// salt). A name whose part after `#` is not a shard number (with or without a salt) is taken
+/// as a SKU of its own.
 pub fn split_shard(name: &str) -> (&str, u16) {
-    match name.rsplit_once('#') {
-        Some((sku, n)) => match n.parse() {
-            Ok(shard) => (sku, shard),
-            Err(_) => (name, 0),
-        },
-        None => (name, 0),
+    let Some((sku, tail)) = name.rsplit_once('#') else {
+        return (name, 0);
+    };
+    let shard = match tail.split_once('.') {
+        Some((shard, salt)) if salt.parse::<u16>().is_ok() => shard,
+        Some(_) => return (name, 0),
+        None => tail,
+    };
+    match shard.parse() {
+        Ok(shard) => (sku, shard),
+        Err(_) => (name, 0),
     }
 }
 
@@ -223,13 +234,38 @@ mod tests {
 
     #[test]
     fn a_shard_has_its_own_hash_tag_and_names_its_sku_back() {
-        assert_eq!(shard_name("drop-1", 0), "drop-1");
-        assert_eq!(shard_name("drop-1", 3), "drop-1#3");
+        assert_eq!(shard_name("drop-1", 0, 0), "drop-1");
+        assert_eq!(shard_name("drop-1", 3, 0), "drop-1#3");
         assert_eq!(split_shard("drop-1#3"), ("drop-1", 3));
         assert_eq!(split_shard("drop-1"), ("drop-1", 0));
-        let k = SkuKeys::new("dg", &shard_name("drop-1", 3));
+        let k = SkuKeys::new("dg", &shard_name("drop-1", 3, 0));
         assert!(k.state().starts_with("dg:{drop-1#3}:"));
         assert_eq!(SkuKeys::sku_of_state("dg:{", &k.state()), Some("drop-1#3"));
+    }
+
+    #[test]
+    fn a_salted_shard_name_names_its_sku_and_shard_back() {
+        // Shard 0 never carries a salt: it is the SKU itself.
+        assert_eq!(shard_name("drop-1", 0, 7), "drop-1");
+        assert_eq!(shard_name("drop-1", 3, 7), "drop-1#3.7");
+        // SKU ids may hold dots: only the part after `#` is read.
+        for sku in ["drop-1", "a.b", "x.1", "v1.2.3", "_-."] {
+            for shard in [0u16, 1, 9, 15] {
+                for salt in [0u16, 1, 42, u16::MAX] {
+                    let name = shard_name(sku, shard, salt);
+                    assert_eq!(split_shard(&name), (sku, shard), "{name}");
+                    let k = SkuKeys::new("dg", &name);
+                    assert_eq!(
+                        SkuKeys::sku_of_state("dg:{", &k.state()),
+                        Some(name.as_str())
+                    );
+                }
+            }
+        }
+        // What no shard is named stays a SKU of its own.
+        assert_eq!(split_shard("a#1.x"), ("a#1.x", 0));
+        assert_eq!(split_shard("a#1.70000"), ("a#1.70000", 0));
+        assert_eq!(split_shard("a#x"), ("a#x", 0));
     }
 
     #[test]

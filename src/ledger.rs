@@ -211,8 +211,8 @@ pub async fn view(store: &Store, catalog: &Catalog, sku: &str) -> Result<SkuView
     for _ in 0..5 {
         let mut in_transit = None;
         let mut shards = None;
-        let (remaining, in_flight) = if row.shards > 1 {
-            match crate::shards::view::read(store, sku, row.shards).await {
+        let (remaining, in_flight) = if row.layout.is_sharded() {
+            match crate::shards::view::read(store, sku, row.layout).await {
                 Some(side) => {
                     in_transit = Some(side.in_transit);
                     shards = Some(side.shards);

@@ -56,7 +56,10 @@
 //!   by a task in every gateway (`shards/recovery.rs`), which also moves open stock from shards
 //!   with an empty waitlist to shards whose line has waiters (`shards/line.rs`: a line per
 //!   shard, joined by the buyers routed there), the shards summed for the SKU view
-//!   (`shards/view.rs`), each shard's high-water mark (`shards/marks.rs`).
+//!   (`shards/view.rs`), each shard's high-water mark (`shards/marks.rs`); every shard's name
+//!   built from the catalog row's layout (`shards/layout.rs`: count and placement salts),
+//!   the salts chosen at the first declare on a cluster so the shards sit on different
+//!   masters (`shards/placement.rs`).
 //! - [`config`], [`db`] (the ledger's pool and the request path's, kept apart), [`metrics`],
 //!   [`app`] (build, bind, run), [`cli`] (subcommands).
 //!

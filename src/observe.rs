@@ -26,6 +26,7 @@ use crate::catalog::Catalog;
 use crate::error::StoreError;
 use crate::ledger;
 use crate::metrics as m;
+use crate::shards::Layout;
 use crate::store::Store;
 
 /// SKU views read per round at most (see the module docs for what one costs).
@@ -156,8 +157,9 @@ impl Observer {
             // The catalog cannot be read: nothing per SKU to refresh.
             return;
         }
-        let page: Vec<(String, bool, i32)> = match sqlx::query_as(
-            "SELECT sku, seeded, shards FROM skus WHERE sku > $1 ORDER BY sku LIMIT $2",
+        let page: Vec<(String, bool, i32, Vec<i32>)> = match sqlx::query_as(
+            "SELECT sku, seeded, shards, shard_salts FROM skus WHERE sku > $1 ORDER BY sku
+              LIMIT $2",
         )
         .bind(&self.after)
         .bind(SKUS_PER_ROUND)
@@ -171,25 +173,26 @@ impl Observer {
             }
         };
         self.after = match page.last() {
-            Some((last, _, _)) if page.len() as i64 == SKUS_PER_ROUND => last.clone(),
+            Some((last, _, _, _)) if page.len() as i64 == SKUS_PER_ROUND => last.clone(),
             _ => String::new(),
         };
-        for (sku, seeded, shards) in page {
+        for (sku, seeded, shards, salts) in page {
             if redis.is_err() {
                 m::sku_redis_unknown(&sku);
                 continue;
             }
-            self.observe(&sku, seeded, shards).await;
+            self.observe(&sku, seeded, Layout::stored(shards, &salts))
+                .await;
         }
     }
 
-    async fn observe(&self, sku: &str, seeded: bool, shards: i32) {
+    async fn observe(&self, sku: &str, seeded: bool, layout: Layout) {
         // Every shard of a sharded SKU (src/shards/): the SKU fails closed as a whole when any
         // shard is lost or stale, and its holds and lines live on every shard.
-        let mut heads = Vec::with_capacity(shards.max(1) as usize);
+        let mut heads = Vec::with_capacity(layout.count() as usize);
         let mut ghosts = Some(0);
         let mut line = Some(0);
-        for name in crate::shards::names(sku, shards) {
+        for name in layout.names(sku) {
             let keys = self.store.keys(&name);
             let mut con = self.store.hot();
             type Read = (StateHead, i64, i64);

@@ -51,7 +51,7 @@ pub async fn restore(
         .await?
         .ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
     // Every shard of the SKU is rebuilt together (one shard for most SKUs: src/shards/).
-    let names = crate::shards::names(sku, row.shards);
+    let names = row.layout.names(sku);
     let keys: Vec<SkuKeys> = names.iter().map(|n| store.keys(n)).collect();
     for name in names.iter().skip(1) {
         crate::activity::mark(store, name).await;

@@ -48,6 +48,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::StoreError;
 use crate::keys::{split_shard, units_back_channel, SkuKeys};
 use crate::metrics as m;
+use crate::shards::Layout;
 use crate::store::Store;
 
 /// How long after the read that found 0 a sold-out answer from memory is still given, by
@@ -87,8 +88,8 @@ struct Inner {
 struct Entry {
     since: Instant,
     used: AtomicBool,
-    /// The SKU's shard count: a sharded SKU is re-read on every shard ([`crate::shards`]).
-    shards: i32,
+    /// The SKU's shards: a sharded SKU is re-read on every shard ([`crate::shards`]).
+    layout: Layout,
 }
 
 /// Taken before a read of a SKU's stock; what the read finds is learned only if no
@@ -132,9 +133,9 @@ impl SoldOut {
         }
     }
 
-    /// A read that began at `ticket` found `sku`'s stock at 0 (on every one of its `shards`,
-    /// with no transfer between them in flight).
-    pub fn learn(&self, sku: &str, shards: i32, ticket: Ticket) {
+    /// A read that began at `ticket` found `sku`'s stock at 0 (on every one of its shards,
+    /// laid out as `layout`, with no transfer between them in flight).
+    pub fn learn(&self, sku: &str, layout: Layout, ticket: Ticket) {
         let mut inner = self.inner.write();
         if !inner.live || inner.notices != ticket.notices {
             return;
@@ -142,7 +143,7 @@ impl SoldOut {
         let entry = Entry {
             since: ticket.at,
             used: AtomicBool::new(true),
-            shards,
+            layout,
         };
         match inner.skus.get_mut(sku) {
             Some(e) if e.since >= ticket.at => {}
@@ -170,7 +171,7 @@ impl SoldOut {
 
     /// Entries at least half [`TRUST`] old that were used since their last re-check; unused
     /// ones are dropped here.
-    fn due(&self) -> Vec<(String, i32)> {
+    fn due(&self) -> Vec<(String, Layout)> {
         let recheck_after = self.trust / 2;
         let mut inner = self.inner.write();
         let mut due = Vec::new();
@@ -180,7 +181,7 @@ impl SoldOut {
             }
             let used = e.used.swap(false, Ordering::Relaxed);
             if used {
-                due.push((sku.clone(), e.shards));
+                due.push((sku.clone(), e.layout));
             }
             used
         });
@@ -314,14 +315,17 @@ impl Watcher {
     /// Re-reads the stock of every entry due, in one round trip (a sharded SKU's shards in
     /// one more, all together).
     async fn recheck(&self) {
-        let (due, sharded): (Vec<_>, Vec<_>) =
-            self.cache.due().into_iter().partition(|(_, n)| *n <= 1);
+        let (due, sharded): (Vec<_>, Vec<_>) = self
+            .cache
+            .due()
+            .into_iter()
+            .partition(|(_, l)| !l.is_sharded());
         let due: Vec<String> = due.into_iter().map(|(sku, _)| sku).collect();
         let ticket = self.cache.ticket();
-        for (sku, shards) in &sharded {
-            match crate::shards::view::survey(&self.store, sku, *shards).await {
+        for (sku, layout) in &sharded {
+            match crate::shards::view::survey(&self.store, sku, *layout).await {
                 Ok(states) if states.iter().all(|s| s.stock == 0 && s.pending.is_empty()) => {
-                    self.cache.learn(sku, *shards, ticket)
+                    self.cache.learn(sku, *layout, ticket)
                 }
                 Ok(_) => self.cache.forget(sku),
                 Err(e) => tracing::debug!(sku, error = %e, "sold-out re-check failed"),
@@ -358,7 +362,7 @@ impl Watcher {
             Ok(stocks) => {
                 for (sku, stock) in due.iter().zip(stocks) {
                     match stock {
-                        Some(0) => self.cache.learn(sku, 1, ticket),
+                        Some(0) => self.cache.learn(sku, Layout::SINGLE, ticket),
                         _ => self.cache.forget(sku),
                     }
                 }
@@ -382,14 +386,14 @@ mod tests {
     #[test]
     fn nothing_is_refused_while_the_subscription_is_down() {
         let s = SoldOut::new(TRUST);
-        s.learn("a", 1, s.ticket());
+        s.learn("a", Layout::SINGLE, s.ticket());
         assert!(!s.refuses("a"));
     }
 
     #[test]
     fn a_learned_sold_out_is_refused_until_a_notification() {
         let s = live();
-        s.learn("a", 1, s.ticket());
+        s.learn("a", Layout::SINGLE, s.ticket());
         assert!(s.refuses("a"));
         assert!(!s.refuses("b"));
         s.forget("a");
@@ -401,7 +405,7 @@ mod tests {
         let s = live();
         let t = s.ticket();
         s.forget("a");
-        s.learn("a", 1, t);
+        s.learn("a", Layout::SINGLE, t);
         assert!(!s.refuses("a"));
     }
 
@@ -410,14 +414,14 @@ mod tests {
         let s = live();
         let mut t = s.ticket();
         t.at -= TRUST + Duration::from_millis(1);
-        s.learn("a", 1, t);
+        s.learn("a", Layout::SINGLE, t);
         assert!(!s.refuses("a"));
     }
 
     #[test]
     fn losing_the_subscription_forgets_everything() {
         let s = live();
-        s.learn("a", 1, s.ticket());
+        s.learn("a", Layout::SINGLE, s.ticket());
         s.set_live(false);
         s.set_live(true);
         assert!(!s.refuses("a"));
@@ -467,14 +471,20 @@ mod tests {
         let s = live();
         let mut t = s.ticket();
         t.at -= TRUST / 2;
-        s.learn("used", 1, t);
-        s.learn("idle", 1, t);
+        s.learn("used", Layout::SINGLE, t);
+        s.learn("idle", Layout::SINGLE, t);
         // First round: both were used since learning (learning counts as a use).
         let mut due = s.due();
-        due.sort();
-        assert_eq!(due, [("idle".to_string(), 1), ("used".to_string(), 1)]);
+        due.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(
+            due,
+            [
+                ("idle".to_string(), Layout::SINGLE),
+                ("used".to_string(), Layout::SINGLE)
+            ]
+        );
         assert!(s.refuses("used"));
-        assert_eq!(s.due(), [("used".to_string(), 1)]);
+        assert_eq!(s.due(), [("used".to_string(), Layout::SINGLE)]);
         assert_eq!(s.len(), 1);
     }
 }

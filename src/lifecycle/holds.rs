@@ -71,7 +71,7 @@ pub async fn find_claim(
     // A claim of a sharded SKU was decided on its buyer's shard, which the id does not name:
     // each shard is asked in turn until one holds the call's record.
     let mut read = Ok((None, None));
-    for name in crate::shards::names(&sku.sku, sku.shards) {
+    for name in sku.layout.names(&sku.sku) {
         read = read_records(store, &name, &id).await;
         if !matches!(read, Ok((None, None))) {
             break;
@@ -191,18 +191,18 @@ pub async fn decide(
         // of the buyer's shard made it, src/shards/line.rs): the owner's is known from the
         // caller; the admin's is found by asking each shard in turn.
         let names = match caller {
-            Some(user) if sku.shards > 1 => {
-                vec![crate::shards::name_for_user(&sku.sku, sku.shards, user)]
+            Some(user) if sku.layout.is_sharded() => {
+                vec![sku.layout.name_for_user(&sku.sku, user)]
             }
-            _ => crate::shards::names(&sku.sku, sku.shards),
+            _ => sku.layout.names(&sku.sku),
         };
         for name in names {
             if let Some(answer) = decide_on(store, &name, id, caller, op).await? {
-                if op == HoldOp::Cancel && answer == HoldAnswer::Done && sku.shards > 1 {
+                if op == HoldOp::Cancel && answer == HoldAnswer::Done && sku.layout.is_sharded() {
                     // While anybody waits, the unit came back into its shard's pool: offer it
                     // to the line that comes first now rather than at the recovery task's next
                     // round. Best effort: the recovery task does the same within a second.
-                    if let Err(e) = crate::shards::line::feed(store, &sku.sku, sku.shards).await {
+                    if let Err(e) = crate::shards::line::feed(store, &sku.sku, sku.layout).await {
                         tracing::debug!(sku = %sku.sku, error = %e, "could not feed the waitlists after a cancel; the recovery task will");
                     }
                 }

@@ -56,13 +56,13 @@ pub async fn join(store: &Store, sku: &Sku, user: &str) -> Result<Joined, Lifecy
     // A sharded SKU's buyer joins the line of its own shard, where its claims and its offer
     // are counted, ordered by a ticket of the SKU's; the other shards are checked first, not
     // atomically with the join (src/shards/line.rs).
-    let home = crate::shards::shard_of_user(user, sku.shards);
-    let check = if sku.shards > 1 {
-        Some(crate::shards::line::before_join(store, &sku.sku, sku.shards, home).await?)
+    let home = sku.layout.shard_of_user(user);
+    let check = if sku.layout.is_sharded() {
+        Some(crate::shards::line::before_join(store, &sku.sku, sku.layout, home).await?)
     } else {
         None
     };
-    let name = crate::keys::shard_name(&sku.sku, home);
+    let name = sku.layout.name(&sku.sku, home);
     let keys = store.keys(&name);
     let mut inv = SCRIPTS.join_waitlist.prepare_invoke();
     for k in keys.lifecycle() {
@@ -80,7 +80,7 @@ pub async fn join(store: &Store, sku: &Sku, user: &str) -> Result<Joined, Lifecy
     let call = store.bounded(async { Ok(inv.invoke_async(&mut con).await?) });
     let (code, id, mut position): (i64, String, i64) =
         crate::activity::with_mark(store, &name, call).await?;
-    if sku.shards > 1 && position > 0 {
+    if sku.layout.is_sharded() && position > 0 {
         // The script counts its own line; the buyer's place is in the SKU's.
         position = sku_position(store, sku, home, &id)
             .await
@@ -121,8 +121,8 @@ pub async fn find(
         for name in entry_shards(&sku, caller) {
             view = from_redis(store, &sku.sku, &name, entry_id).await?;
             if let Some(v) = view.as_mut() {
-                if sku.shards > 1 && v.position.is_some() {
-                    let home = crate::shards::shard_of_user(&v.user, sku.shards);
+                if sku.layout.is_sharded() && v.position.is_some() {
+                    let home = sku.layout.shard_of_user(&v.user);
                     let id = entry_id.to_string();
                     v.position = sku_position(store, &sku, home, &id).await.or(v.position);
                 }
@@ -140,7 +140,7 @@ pub async fn find(
 /// The place of the waiting entry `id` of `home`'s line in the whole line of the sharded SKU
 /// `sku` (src/shards/line.rs); `None` when Redis could not tell.
 async fn sku_position(store: &Store, sku: &Sku, home: u16, id: &str) -> Option<i64> {
-    match crate::shards::line::position(store, &sku.sku, sku.shards, home, id).await {
+    match crate::shards::line::position(store, &sku.sku, sku.layout, home, id).await {
         Ok(p) => p,
         Err(e) => {
             tracing::debug!(sku = %sku.sku, error = %e, "could not count the SKU's line; the shard's place is shown");
@@ -153,8 +153,8 @@ async fn sku_position(store: &Store, sku: &Sku, home: u16, id: &str) -> Option<i
 /// line.rs), every shard for the admin; the SKU itself when it has one shard.
 fn entry_shards(sku: &Sku, caller: Option<&str>) -> Vec<String> {
     match caller {
-        Some(user) => vec![crate::shards::name_for_user(&sku.sku, sku.shards, user)],
-        None => crate::shards::names(&sku.sku, sku.shards),
+        Some(user) => vec![sku.layout.name_for_user(&sku.sku, user)],
+        None => sku.layout.names(&sku.sku),
     }
 }
 

@@ -151,12 +151,12 @@ async fn active_skus(state: &AppState, counts: &HashMap<String, Counts>) -> Vec<
 /// the oldest unacknowledged entry), and an entry id starts with the millisecond Redis added
 /// it. 0 when none waits; `None` when Redis does not answer for some shard.
 async fn journal_lag(state: &AppState, sku: &str) -> Option<f64> {
-    let shards = match state.catalog.get(sku).await {
-        Ok(Some(entry)) => entry.shards,
-        _ => 1,
+    let layout = match state.catalog.get(sku).await {
+        Ok(Some(entry)) => entry.layout,
+        _ => crate::shards::Layout::SINGLE,
     };
     let mut lag: f64 = 0.0;
-    for name in crate::shards::names(sku, shards) {
+    for name in layout.names(sku) {
         lag = lag.max(shard_journal_lag(state, &name).await?);
     }
     Some(lag)

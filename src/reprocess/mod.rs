@@ -249,14 +249,12 @@ impl Reprocessor {
     /// Runs compensate.lua in `mode` ("fence" or "give") for this process's token.
     async fn marker(&self, row: &PendingRow, mode: &str) -> Result<i64, StoreError> {
         // The claim's units and its buyer's count are in the buyer's shard (src/shards/).
-        let shards = crate::shards::count(&self.db, &row.sku)
+        let layout = crate::shards::layout(&self.db, &row.sku)
             .await
             .map_err(|e| StoreError::Unavailable(format!("catalog: {e}")))?;
-        let keys = self.store.keys(&crate::shards::name_for_user(
-            &row.sku,
-            shards,
-            &row.user_id,
-        ));
+        let keys = self
+            .store
+            .keys(&layout.name_for_user(&row.sku, &row.user_id));
         let marker = keys.compensation(&row.claim_id);
         let idem = match &row.idempotency_key {
             Some(k) => keys.idempotency(&row.user_id, k),

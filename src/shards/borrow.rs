@@ -14,8 +14,8 @@ use dashmap::DashMap;
 
 use super::transfer;
 use super::view::survey;
+use super::Layout;
 use crate::error::StoreError;
-use crate::keys::shard_name;
 use crate::store::Store;
 
 /// Most units one transfer moves: a donor gives about half its stock, never more than this.
@@ -47,7 +47,8 @@ struct Flight {
 }
 
 impl Borrower {
-    /// Brings at least `need` units to shard `shard` of `sku` (of `shards`), or tells why not.
+    /// Brings at least `need` units to shard `shard` of `sku` (laid out as `layout`), or tells
+    /// why not.
     ///
     /// # Errors
     /// [`StoreError::SkuLost`] / [`StoreError::Stale`] when any shard fails closed (the SKU is
@@ -57,11 +58,11 @@ impl Borrower {
         &self,
         store: &Store,
         sku: &str,
-        shards: i32,
+        layout: Layout,
         shard: u16,
         need: i64,
     ) -> Result<Refill, StoreError> {
-        let name = shard_name(sku, shard);
+        let name = layout.name(sku, shard);
         let flight = match self.flights.get(&name) {
             Some(f) => f.clone(),
             None => self.flights.entry(name).or_default().clone(),
@@ -73,7 +74,7 @@ impl Borrower {
                 return Ok(outcome);
             }
         }
-        let outcome = gather(store, sku, shards, shard, need).await;
+        let outcome = gather(store, sku, layout, shard, need).await;
         *last = outcome.as_ref().ok().copied();
         flight.done.fetch_add(1, Ordering::AcqRel);
         outcome
@@ -90,16 +91,16 @@ impl Borrower {
 pub async fn gather(
     store: &Store,
     sku: &str,
-    shards: i32,
+    layout: Layout,
     shard: u16,
     need: i64,
 ) -> Result<Refill, StoreError> {
-    let states = survey(store, sku, shards).await?;
+    let states = survey(store, sku, layout).await?;
     let mut own = states[usize::from(shard)].stock;
     // Units in transit first: finishing them may be all it takes, and until they land nobody
     // may say the SKU is sold out.
     for p in states.iter().flat_map(|s| &s.pending) {
-        if transfer::complete(store, sku, p).await? && p.recipient == shard {
+        if transfer::complete(store, sku, layout, p).await? && p.recipient == shard {
             own += p.units;
         }
     }
@@ -117,6 +118,7 @@ pub async fn gather(
         own += transfer::transfer(
             store,
             sku,
+            layout,
             (donor, shard),
             need - own,
             TRANSFER_CAP,
@@ -129,7 +131,7 @@ pub async fn gather(
     }
     // Read again rather than trust what this refill saw: another gateway may have moved
     // units meanwhile, and "sold out" is said only of a SKU every shard of which is dry.
-    let after = survey(store, sku, shards).await?;
+    let after = survey(store, sku, layout).await?;
     if after.iter().all(|s| s.stock == 0 && s.pending.is_empty()) {
         Ok(Refill::Dry)
     } else if after[usize::from(shard)].stock >= need {

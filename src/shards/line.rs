@@ -36,8 +36,8 @@ use std::time::Duration;
 
 use super::transfer::{self, Source};
 use super::view::survey;
+use super::Layout;
 use crate::error::StoreError;
-use crate::keys::shard_name;
 use crate::scripts::SCRIPTS;
 use crate::store::Store;
 
@@ -70,25 +70,25 @@ pub struct JoinCheck {
 pub async fn before_join(
     store: &Store,
     sku: &str,
-    shards: i32,
+    layout: Layout,
     home: u16,
 ) -> Result<JoinCheck, StoreError> {
-    let leased = lease_all(store, sku, shards, true).await?;
+    let leased = lease_all(store, sku, layout, true).await?;
     let ticket = leased[0].ticket;
     let pending = leased.iter().any(|l| l.pending > 0);
     let in_stock_elsewhere = if pending {
         // Units in transit land on some shard (under the lease, in its pool): finish them,
         // as a refill would, then look again.
-        for p in survey(store, sku, shards)
+        for p in survey(store, sku, layout)
             .await?
             .iter()
             .flat_map(|s| &s.pending)
         {
-            transfer::complete(store, sku, p).await?;
+            transfer::complete(store, sku, layout, p).await?;
         }
         // Pending once more: another gateway began a transfer meanwhile. Its units are on
         // their way to a shard, so the SKU is not sold out; the buyer's claim borrows them.
-        survey(store, sku, shards)
+        survey(store, sku, layout)
             .await?
             .iter()
             .enumerate()
@@ -117,11 +117,11 @@ struct Leased {
 async fn lease_all(
     store: &Store,
     sku: &str,
-    shards: i32,
+    layout: Layout,
     ticket: bool,
 ) -> Result<Vec<Leased>, StoreError> {
-    let calls = (0..shards.max(1) as u16).map(|i| async move {
-        let keys = store.keys(&shard_name(sku, i));
+    let calls = (0..layout.count() as u16).map(|i| async move {
+        let keys = store.keys(&layout.name(sku, i));
         let mut con = store.hot();
         let (code, stock, pending, t): (i64, i64, i64, i64) = store
             .bounded(async {
@@ -166,27 +166,27 @@ struct Line {
 /// [`StoreError::SkuLost`] / [`StoreError::Stale`] when a shard fails closed, or a Redis error
 /// (a transfer left half done is finished by the recovery task; pooled units wait for the
 /// next feed).
-pub async fn feed(store: &Store, sku: &str, shards: i32) -> Result<i64, StoreError> {
-    if shards <= 1 {
+pub async fn feed(store: &Store, sku: &str, layout: Layout) -> Result<i64, StoreError> {
+    if !layout.is_sharded() {
         return Ok(0);
     }
-    let mut lines = read_lines(store, sku, shards).await?;
+    let mut lines = read_lines(store, sku, layout).await?;
     if lines.iter().all(|l| l.waiting == 0) {
         for (i, l) in lines.iter().enumerate() {
             if l.pool > 0 {
-                pool_script(store, sku, i as u16, PoolOp::Release).await?;
+                pool_script(store, &layout.name(sku, i as u16), PoolOp::Release).await?;
             }
         }
         return Ok(0);
     }
-    let leased = lease_all(store, sku, shards, false).await?;
+    let leased = lease_all(store, sku, layout, false).await?;
     if leased.iter().any(|l| l.stock > 0) {
         // Open stock while somebody waits reached a shard without a lease (a restore
         // rebuilt it, or a lease lapsed while no gateway fed): it belongs to the lines.
         for (i, _) in leased.iter().enumerate().filter(|(_, l)| l.stock > 0) {
-            pool_script(store, sku, i as u16, PoolOp::Gather).await?;
+            pool_script(store, &layout.name(sku, i as u16), PoolOp::Gather).await?;
         }
-        lines = read_lines(store, sku, shards).await?;
+        lines = read_lines(store, sku, layout).await?;
     }
     let pooled: i64 = lines.iter().map(|l| l.pool).sum();
     if pooled == 0 {
@@ -207,7 +207,8 @@ pub async fn feed(store: &Store, sku: &str, shards: i32) -> Result<i64, StoreErr
                 continue;
             }
             let n = short.min(spare);
-            let got = transfer::transfer(store, sku, (from as u16, to), n, n, Source::Pool).await?;
+            let got = transfer::transfer(store, sku, layout, (from as u16, to), n, n, Source::Pool)
+                .await?;
             pools[from] -= got;
             pools[usize::from(to)] += got;
             short -= got;
@@ -215,7 +216,7 @@ pub async fn feed(store: &Store, sku: &str, shards: i32) -> Result<i64, StoreErr
     }
     let mut offered = 0;
     for (&shard, &want) in &due {
-        offered += pool_script(store, sku, shard, PoolOp::Offer(want)).await?;
+        offered += pool_script(store, &layout.name(sku, shard), PoolOp::Offer(want)).await?;
     }
     Ok(offered)
 }
@@ -237,13 +238,14 @@ fn next_offers(lines: &[Line], units: i64) -> BTreeMap<u16, i64> {
     due
 }
 
-async fn read_lines(store: &Store, sku: &str, shards: i32) -> Result<Vec<Line>, StoreError> {
-    let reads = (0..shards as u16).map(|i| read_line(store, sku, i));
+async fn read_lines(store: &Store, sku: &str, layout: Layout) -> Result<Vec<Line>, StoreError> {
+    let names = layout.names(sku);
+    let reads = names.iter().map(|name| read_line(store, name));
     futures_util::future::try_join_all(reads).await
 }
 
-async fn read_line(store: &Store, sku: &str, shard: u16) -> Result<Line, StoreError> {
-    let keys = store.keys(&shard_name(sku, shard));
+async fn read_line(store: &Store, name: &str) -> Result<Line, StoreError> {
+    let keys = store.keys(name);
     let mut con = store.hot();
     let (waiting, heads, pool): (i64, Vec<(String, f64)>, Option<i64>) = store
         .bounded(async {
@@ -279,11 +281,10 @@ enum PoolOp {
     Release,
 }
 
-/// Runs `offer_pool.lua` or `release_pool.lua` on one shard. Returns the units offered or
-/// released.
-async fn pool_script(store: &Store, sku: &str, shard: u16, op: PoolOp) -> Result<i64, StoreError> {
-    let name = shard_name(sku, shard);
-    let keys = store.keys(&name);
+/// Runs `offer_pool.lua` or `release_pool.lua` on the shard named `name`. Returns the units
+/// offered or released.
+async fn pool_script(store: &Store, name: &str, op: PoolOp) -> Result<i64, StoreError> {
+    let keys = store.keys(name);
     let mut inv = match op {
         PoolOp::Offer(units) => {
             let mut inv = SCRIPTS.offer_pool.prepare_invoke();
@@ -302,7 +303,7 @@ async fn pool_script(store: &Store, sku: &str, shard: u16, op: PoolOp) -> Result
     }
     let mut con = store.hot();
     let call = store.bounded(async { Ok(inv.invoke_async(&mut con).await?) });
-    let (code, units): (i64, i64) = crate::activity::with_mark(store, &name, call).await?;
+    let (code, units): (i64, i64) = crate::activity::with_mark(store, name, call).await?;
     match (op, code) {
         (PoolOp::Release, 0) => Ok(0),
         (PoolOp::Release, 1) => Ok(units),
@@ -321,11 +322,11 @@ async fn pool_script(store: &Store, sku: &str, shard: u16, op: PoolOp) -> Result
 pub async fn position(
     store: &Store,
     sku: &str,
-    shards: i32,
+    layout: Layout,
     home: u16,
     entry_id: &str,
 ) -> Result<Option<i64>, StoreError> {
-    let keys = store.keys(&shard_name(sku, home));
+    let keys = store.keys(&layout.name(sku, home));
     let mut con = store.hot();
     let ticket: Option<f64> = store
         .bounded(async {
@@ -339,8 +340,8 @@ pub async fn position(
     let Some(ticket) = ticket else {
         return Ok(None);
     };
-    let counts = (0..shards.max(1) as u16).map(|i| async move {
-        let line = store.keys(&shard_name(sku, i)).waitlist();
+    let counts = (0..layout.count() as u16).map(|i| async move {
+        let line = store.keys(&layout.name(sku, i)).waitlist();
         let mut con = store.hot();
         store
             .bounded(async {

@@ -1,6 +1,8 @@
 //! The ledger's high-water mark of each shard's state sequence (see [`crate::freshness`]):
 //! shard 0's is `skus.redis_seq`, as for every SKU; shard i >= 1's is a row of
-//! `sku_shard_marks`. Every function takes a Redis name (`sku` or `sku#i`).
+//! `sku_shard_marks`. Every function takes a Redis name (`sku`, `sku#i` or `sku#i.salt`).
+
+use std::collections::HashMap;
 
 use sqlx::PgPool;
 
@@ -39,19 +41,22 @@ pub async fn raise(db: &PgPool, name: &str, seq: i64) -> Result<i64, DbError> {
     Ok(mark.unwrap_or(0))
 }
 
-/// The marks of the shards `names` (any mix of SKUs and shards), as `(name, mark)`; a shard
-/// with no mark recorded yet is left out (nothing to compare against).
+/// The marks of the shards `names` (any mix of SKUs and shards), as `(name, mark)` with the
+/// name as given; a shard with no mark recorded yet is left out (nothing to compare against).
 ///
 /// # Errors
 /// The database error.
 pub async fn read(db: &PgPool, names: &[String]) -> Result<Vec<(String, i64)>, DbError> {
     let (mut skus, mut shard_skus, mut shards) = (Vec::new(), Vec::new(), Vec::new());
+    // A row names its shard by number; the name given (its salt included) is found back here.
+    let mut shard_names: HashMap<(&str, i32), &str> = HashMap::new();
     for n in names {
         match split_shard(n) {
             (sku, 0) => skus.push(sku.to_string()),
             (sku, i) => {
                 shard_skus.push(sku.to_string());
                 shards.push(i32::from(i));
+                shard_names.insert((sku, i32::from(i)), n);
             }
         }
     }
@@ -72,8 +77,9 @@ pub async fn read(db: &PgPool, names: &[String]) -> Result<Vec<(String, i64)>, D
         .fetch_all(db)
         .await?;
         out.extend(
-            rows.into_iter()
-                .map(|(sku, i, m)| (crate::keys::shard_name(&sku, i as u16), m)),
+            rows.into_iter().filter_map(|(sku, i, m)| {
+                Some((shard_names.get(&(sku.as_str(), i))?.to_string(), m))
+            }),
         );
     }
     Ok(out)

@@ -2,8 +2,10 @@
 //! Redis core (on a Cluster, by more than one master).
 //!
 //! A SKU declared with `shards: n` (1..=16) is, inside Redis, n *Redis SKUs*: shard 0 keeps the
-//! SKU's own name and keys, shard i >= 1 is named `<sku>#<i>` ([`crate::keys::shard_name`]) and
-//! so has its own hash tag and slot. Each shard is a whole SKU to the Redis-side machinery
+//! SKU's own name and keys, shard i >= 1 is named `<sku>#<i>`, or `<sku>#<i>.<salt>`
+//! ([`crate::keys::shard_name`]), and so has its own hash tag and slot. On a Cluster the salts
+//! put the shards on different masters ([`placement`]); they are chosen at the first declare
+//! and kept in the catalog row, and every name is built from that row's [`Layout`]. Each shard is a whole SKU to the Redis-side machinery
 //! (state, per-user counts, journal, call records, idempotency records, activity marks, the
 //! writer, freshness): none of it knows shards exist. What does:
 //!
@@ -30,14 +32,16 @@
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::keys::shard_name;
-
 pub mod borrow;
+pub mod layout;
 pub mod line;
 pub mod marks;
+pub mod placement;
 pub mod recovery;
 pub mod transfer;
 pub mod view;
+
+pub use layout::Layout;
 
 /// Most shards a SKU may have.
 pub const MAX_SHARDS: i32 = 16;
@@ -58,28 +62,17 @@ pub fn shard_of_user(user: &str, shards: i32) -> u16 {
     (xxh3_64(user.as_bytes()) % shards as u64) as u16
 }
 
-/// The Redis name of the shard that serves `user` on `sku`.
-pub fn name_for_user(sku: &str, shards: i32, user: &str) -> String {
-    shard_name(sku, shard_of_user(user, shards))
-}
-
-/// The Redis names of every shard of `sku`, shard 0 first.
-pub fn names(sku: &str, shards: i32) -> Vec<String> {
-    (0..shards.max(1) as u16)
-        .map(|i| shard_name(sku, i))
-        .collect()
-}
-
-/// The shard count of `sku` in the catalog (1 for a SKU it does not hold).
+/// The layout of `sku` in the catalog: its shard count and placement salts (one shard for a
+/// SKU it does not hold).
 ///
 /// # Errors
 /// The database error.
-pub async fn count(db: &sqlx::PgPool, sku: &str) -> Result<i32, crate::error::DbError> {
-    let n: Option<i32> = sqlx::query_scalar("SELECT shards FROM skus WHERE sku = $1")
+pub async fn layout(db: &sqlx::PgPool, sku: &str) -> Result<Layout, crate::error::DbError> {
+    let row: Option<Layout> = sqlx::query_as("SELECT shards, shard_salts FROM skus WHERE sku = $1")
         .bind(sku)
         .fetch_optional(db)
         .await?;
-    Ok(n.unwrap_or(1))
+    Ok(row.unwrap_or(Layout::SINGLE))
 }
 
 /// The first state sequence of shard `shard`.
@@ -132,6 +125,5 @@ mod tests {
     fn shard_sequences_never_meet() {
         assert_eq!(seq_base(0), 0);
         assert!(seq_base(15) + (1 << SEQ_SHIFT) < 100_000_000_000_000);
-        assert_eq!(names("s", 3), vec!["s", "s#1", "s#2"]);
     }
 }

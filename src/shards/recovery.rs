@@ -11,6 +11,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use super::transfer;
+use super::Layout;
 use crate::error::{DbError, StoreError};
 use crate::store::Store;
 
@@ -47,18 +48,20 @@ impl Recovery {
     /// # Errors
     /// The catalog's error (a shard's Redis errors are logged and skipped).
     pub async fn round(&self, older_than: Duration) -> Result<usize, RecoveryError> {
-        let skus: Vec<(String, i32)> =
-            sqlx::query_as("SELECT sku, shards FROM skus WHERE shards > 1 ORDER BY sku")
-                .fetch_all(&self.db)
-                .await
-                .map_err(DbError::from)?;
+        let skus: Vec<(String, i32, Vec<i32>)> = sqlx::query_as(
+            "SELECT sku, shards, shard_salts FROM skus WHERE shards > 1 ORDER BY sku",
+        )
+        .fetch_all(&self.db)
+        .await
+        .map_err(DbError::from)?;
         let before = crate::claims::now_ms() - older_than.as_millis() as i64;
         let mut finished = 0;
-        for (sku, shards) in skus {
+        for (sku, shards, salts) in skus {
+            let layout = Layout::stored(shards, &salts);
             for donor in 0..shards as u16 {
                 // One SKU failing closed (a shard lost or stale until restore) must not keep
                 // the others' transfers waiting: its errors are logged and the round goes on.
-                let found = match transfer::pending(&self.store, &sku, donor).await {
+                let found = match transfer::pending(&self.store, &sku, layout, donor).await {
                     Ok(found) => found,
                     Err(e) => {
                         tracing::debug!(sku, donor, error = %e, "could not read a shard's pending transfers");
@@ -66,7 +69,7 @@ impl Recovery {
                     }
                 };
                 for p in found.into_iter().filter(|p| p.created_ms <= before) {
-                    let applied = match transfer::complete(&self.store, &sku, &p).await {
+                    let applied = match transfer::complete(&self.store, &sku, layout, &p).await {
                         Ok(applied) => applied,
                         Err(e) => {
                             tracing::debug!(sku, transfer = %p.id, error = %e, "could not finish a pending transfer; retrying");
@@ -85,14 +88,10 @@ impl Recovery {
                     );
                 }
             }
-            match super::line::feed(&self.store, &sku, shards).await {
+            match super::line::feed(&self.store, &sku, layout).await {
                 Ok(0) => {}
                 Ok(units) => {
-                    tracing::debug!(
-                        sku,
-                        units,
-                        "offered pooled units to the SKU's waitlists"
-                    );
+                    tracing::debug!(sku, units, "offered pooled units to the SKU's waitlists");
                 }
                 Err(e) => {
                     tracing::debug!(sku, error = %e, "could not feed the waitlist; retrying");

@@ -20,8 +20,9 @@
 
 use uuid::Uuid;
 
+use super::Layout;
 use crate::error::StoreError;
-use crate::keys::{shard_name, SkuKeys};
+use crate::keys::SkuKeys;
 use crate::metrics as m;
 use crate::scripts::SCRIPTS;
 use crate::store::Store;
@@ -94,8 +95,13 @@ pub enum Taken {
 ///
 /// # Errors
 /// The Redis error of the read.
-pub async fn pending(store: &Store, sku: &str, donor: u16) -> Result<Vec<Pending>, StoreError> {
-    let keys = store.keys(&shard_name(sku, donor));
+pub async fn pending(
+    store: &Store,
+    sku: &str,
+    layout: Layout,
+    donor: u16,
+) -> Result<Vec<Pending>, StoreError> {
+    let keys = store.keys(&layout.name(sku, donor));
     let mut con = store.hot();
     let all: Vec<(String, String)> = store
         .bounded(async {
@@ -112,21 +118,22 @@ pub async fn pending(store: &Store, sku: &str, donor: u16) -> Result<Vec<Pending
 }
 
 /// Step 1: takes at least `need` units (fewer when the donor holds fewer; at most `cap`, about
-/// half its stock) out of shard `donor` for shard `recipient`, under the transfer `id`.
+/// half its stock) out of the donor shard, named `donor` in Redis, for shard `recipient`,
+/// under the transfer `id`. A script on the donor alone: the recipient is only recorded.
 ///
 /// # Errors
 /// [`StoreError::SkuLost`] / [`StoreError::Stale`] for a donor that fails closed; the Redis
 /// error of the call (its effect is then unknown: the recovery task finishes it if it ran).
 pub async fn take(
     store: &Store,
-    sku: &str,
+    donor: &str,
     id: &Uuid,
-    (donor, recipient): (u16, u16),
+    recipient: u16,
     need: i64,
     cap: i64,
     source: Source,
 ) -> Result<Taken, StoreError> {
-    let keys = store.keys(&shard_name(sku, donor));
+    let keys = store.keys(donor);
     let mut con = store.hot();
     let (code, units, generation): (i64, i64, String) = store
         .bounded(async {
@@ -169,8 +176,13 @@ pub async fn take(
 /// [`StoreError::SkuLost`] / [`StoreError::Stale`] when the recipient fails closed (the
 /// transfer stays pending: the restore that reopens the SKU ends it), or a Redis error
 /// (every step may be sent again).
-pub async fn complete(store: &Store, sku: &str, p: &Pending) -> Result<bool, StoreError> {
-    let to = store.keys(&shard_name(sku, p.recipient));
+pub async fn complete(
+    store: &Store,
+    sku: &str,
+    layout: Layout,
+    p: &Pending,
+) -> Result<bool, StoreError> {
+    let to = store.keys(&layout.name(sku, p.recipient));
     let mut con = store.hot();
     let mut apply = SCRIPTS.transfer_in.prepare_invoke();
     for k in to.lifecycle() {
@@ -197,7 +209,7 @@ pub async fn complete(store: &Store, sku: &str, p: &Pending) -> Result<bool, Sto
         }
     };
     replicated(store, &to).await?;
-    let from = store.keys(&shard_name(sku, p.donor));
+    let from = store.keys(&layout.name(sku, p.donor));
     let _: i64 = store
         .bounded(async {
             Ok(SCRIPTS
@@ -221,13 +233,15 @@ pub async fn complete(store: &Store, sku: &str, p: &Pending) -> Result<bool, Sto
 pub async fn transfer(
     store: &Store,
     sku: &str,
+    layout: Layout,
     (donor, recipient): (u16, u16),
     need: i64,
     cap: i64,
     source: Source,
 ) -> Result<i64, StoreError> {
     let id = Uuid::now_v7();
-    let taken = take(store, sku, &id, (donor, recipient), need, cap, source).await?;
+    let from = layout.name(sku, donor);
+    let taken = take(store, &from, &id, recipient, need, cap, source).await?;
     let (units, generation) = match taken {
         Taken::Units(u, g) => (u, g),
         Taken::Dry => return Ok(0),
@@ -241,7 +255,7 @@ pub async fn transfer(
         created_ms: crate::claims::now_ms(),
         source,
     };
-    Ok(if complete(store, sku, &p).await? {
+    Ok(if complete(store, sku, layout, &p).await? {
         units
     } else {
         0

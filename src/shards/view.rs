@@ -4,8 +4,8 @@
 use serde::Serialize;
 
 use super::transfer::Pending;
+use super::Layout;
 use crate::error::StoreError;
-use crate::keys::shard_name;
 use crate::store::Store;
 
 /// One shard as Redis holds it.
@@ -25,6 +25,12 @@ pub struct ShardState {
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct ShardView {
     pub shard: u16,
+    /// Its Redis name (the hash tag of its keys), so an operator can find its keys.
+    pub name: String,
+    /// On a Cluster, the slot its keys live in (`CLUSTER KEYSLOT`), so an operator can see
+    /// which master holds it ([`super::placement`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slot: Option<u16>,
     pub remaining: i64,
     /// Units given back while somebody waited in one of the SKU's lines, kept for the lines
     /// (offered in join order by the feed, src/shards/line.rs) and sold to nobody else.
@@ -39,13 +45,21 @@ pub struct ShardView {
 /// # Errors
 /// [`StoreError::SkuLost`] when a shard's state is missing, [`StoreError::Stale`] when one is
 /// marked stale (the SKU fails closed as a whole), or the Redis error.
-pub async fn survey(store: &Store, sku: &str, shards: i32) -> Result<Vec<ShardState>, StoreError> {
-    let reads = (0..shards.max(1) as u16).map(|i| read_shard(store, sku, i));
+pub async fn survey(
+    store: &Store,
+    sku: &str,
+    layout: Layout,
+) -> Result<Vec<ShardState>, StoreError> {
+    let names = layout.names(sku);
+    let reads = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| read_shard(store, name, i as u16));
     futures_util::future::try_join_all(reads).await
 }
 
-async fn read_shard(store: &Store, sku: &str, shard: u16) -> Result<ShardState, StoreError> {
-    let keys = store.keys(&shard_name(sku, shard));
+async fn read_shard(store: &Store, name: &str, shard: u16) -> Result<ShardState, StoreError> {
+    let keys = store.keys(name);
     let mut con = store.hot();
     type Head = (
         Option<i64>,
@@ -100,11 +114,13 @@ pub struct ShardedSide {
 }
 
 /// Reads [`ShardedSide`]; `None` when Redis cannot tell (unreachable, a shard lost or stale).
-pub async fn read(store: &Store, sku: &str, shards: i32) -> Option<ShardedSide> {
-    let states = survey(store, sku, shards).await.ok()?;
+pub async fn read(store: &Store, sku: &str, layout: Layout) -> Option<ShardedSide> {
+    let states = survey(store, sku, layout).await.ok()?;
     let mut in_transit = 0;
     for p in states.iter().flat_map(|s| &s.pending) {
-        let applied = store.keys(&shard_name(sku, p.recipient)).transfer_in(&p.id);
+        let applied = store
+            .keys(&layout.name(sku, p.recipient))
+            .transfer_in(&p.id);
         let mut con = store.hot();
         let done: bool = store
             .bounded(async {
@@ -127,12 +143,20 @@ pub async fn read(store: &Store, sku: &str, shards: i32) -> Option<ShardedSide> 
         shards: states
             .iter()
             .enumerate()
-            .map(|(i, s)| ShardView {
-                shard: i as u16,
-                remaining: s.stock,
-                for_waitlist: s.pool,
-                in_flight: s.in_flight,
-                transfer_out: s.transfer_out,
+            .map(|(i, s)| {
+                let name = layout.name(sku, i as u16);
+                let slot = store
+                    .is_cluster()
+                    .then(|| super::placement::key_slot(&store.keys(&name).state()));
+                ShardView {
+                    shard: i as u16,
+                    name,
+                    slot,
+                    remaining: s.stock,
+                    for_waitlist: s.pool,
+                    in_flight: s.in_flight,
+                    transfer_out: s.transfer_out,
+                }
             })
             .collect(),
     })

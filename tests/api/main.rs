@@ -30,6 +30,7 @@ mod rollback;
 mod services;
 mod shards;
 mod shards_offers;
+mod shards_placement;
 mod shards_waitlist;
 mod soldout;
 mod stalls;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use dropgate::shards::recovery::Recovery;
 use dropgate::shards::transfer::{self, Taken};
-use dropgate::shards::{shard_of_user, split_total};
+use dropgate::shards::{shard_of_user, split_total, Layout};
 use dropgate::store::Store;
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -17,6 +17,23 @@ use crate::cluster_support::{sku_key, ClusterProbe, PrivateCluster};
 use crate::helpers::*;
 use crate::lifecycle::{claim_id, get_as, ledger_statuses, post_as};
 use crate::services::GatewayProcess;
+
+/// The Redis name of shard `i` of `sku` on a single Redis, where no shard carries a placement
+/// salt (src/shards/placement.rs): on a cluster, read the names from the SKU view
+/// ([`shard_names`]).
+pub(crate) fn shard_name(sku: &str, i: u16) -> String {
+    dropgate::keys::shard_name(sku, i, 0)
+}
+
+/// Each shard's Redis name, as the SKU view gives it (from the catalog row's layout).
+pub(crate) fn shard_names(view: &Value) -> Vec<String> {
+    view["shards"]
+        .as_array()
+        .expect("a sharded SKU's view lists its shards")
+        .iter()
+        .map(|s| s["name"].as_str().unwrap().to_string())
+        .collect()
+}
 
 async fn declare_sharded(api: &Api, sku: &str, body: Value) -> reqwest::Response {
     api.http
@@ -108,6 +125,12 @@ async fn shards_are_declared_once_split_evenly_and_refuse_the_waitlist_while_in_
     let v = app.view(&sku).await;
     assert_eq!(shard_remaining(&v), split_total(10, 3));
     assert_eq!(shard_remaining(&v), vec![4, 3, 3]);
+    // On a single Redis the shards keep their plain names, and no slot is shown.
+    assert_eq!(
+        shard_names(&v),
+        vec![sku.clone(), format!("{sku}#1"), format!("{sku}#2")]
+    );
+    assert!(v["shards"][0].get("slot").is_none(), "{v}");
     assert_eq!(
         (v["remaining"].as_i64(), v["consistent"].as_bool()),
         (Some(10), Some(true))
@@ -195,7 +218,7 @@ async fn a_sharded_drop_sells_exactly_its_units_borrowing_the_last_ones() {
     let winners: HashSet<&str> = rows.iter().map(|(_, u)| u.as_str()).collect();
     assert_eq!(winners.len(), 10);
     for w in &winners {
-        let name = dropgate::keys::shard_name(&sku, shard_of_user(w, 3));
+        let name = shard_name(&sku, shard_of_user(w, 3));
         assert_eq!(app.held(&name, w).await, 1, "{w} counted in its shard");
     }
     // Shard 2's units went to the others' buyers through transfers.
@@ -233,10 +256,10 @@ async fn one_buyer_sending_many_requests_at_once_gets_its_limit_on_a_sharded_sku
         .iter()
         .filter(|(s, _)| *s != 201)
         .all(|(s, b)| *s == 409 && code(b) == "limit_reached"));
-    let home = dropgate::keys::shard_name(&sku, shard_of_user("greedy", 3));
+    let home = shard_name(&sku, shard_of_user("greedy", 3));
     assert_eq!(app.held(&home, "greedy").await, 2);
     for shard in 0..3u16 {
-        let name = dropgate::keys::shard_name(&sku, shard);
+        let name = shard_name(&sku, shard);
         if name != home {
             assert_eq!(app.held(&name, "greedy").await, 0, "no count on {name}");
         }
@@ -256,15 +279,18 @@ async fn a_transfer_interrupted_between_its_steps_is_finished_once_and_creates_n
     let r = declare_sharded(&app.api, &sku, json!({"total": 9, "shards": 3})).await;
     assert_eq!(r.status(), 201);
     let store = store_of(&app).await;
+    // On a single Redis no shard carries a placement salt.
+    let layout = Layout::unsalted(3);
 
     // Step 1 only, as a gateway that died right after it would leave it.
     let id = Uuid::now_v7();
-    let taken = transfer::take(&store, &sku, &id, (1, 0), 2, 2, transfer::Source::Stock)
+    let shard_1 = shard_name(&sku, 1);
+    let taken = transfer::take(&store, &shard_1, &id, 0, 2, 2, transfer::Source::Stock)
         .await
         .unwrap();
     assert_eq!(taken, Taken::Units(2, String::new()));
     // A resend of step 1 takes nothing more.
-    let again = transfer::take(&store, &sku, &id, (1, 0), 2, 2, transfer::Source::Stock)
+    let again = transfer::take(&store, &shard_1, &id, 0, 2, 2, transfer::Source::Stock)
         .await
         .unwrap();
     assert_eq!(again, Taken::Units(2, String::new()));
@@ -279,7 +305,10 @@ async fn a_transfer_interrupted_between_its_steps_is_finished_once_and_creates_n
 
     // The gateway's own recovery task finishes it (after its few seconds' grace).
     wait_for(Duration::from_secs(20), || async {
-        transfer::pending(&store, &sku, 1).await.unwrap().is_empty()
+        transfer::pending(&store, &sku, layout, 1)
+            .await
+            .unwrap()
+            .is_empty()
     })
     .await;
     let v = app.view(&sku).await;
@@ -294,10 +323,21 @@ async fn a_transfer_interrupted_between_its_steps_is_finished_once_and_creates_n
     // Step 1 only, then two gateways' recovery rounds and a borrowing claim's completion all
     // finishing it at once: its units land once.
     let id = Uuid::now_v7();
-    transfer::take(&store, &sku, &id, (2, 1), 1, 1, transfer::Source::Stock)
+    transfer::take(
+        &store,
+        &shard_name(&sku, 2),
+        &id,
+        1,
+        1,
+        1,
+        transfer::Source::Stock,
+    )
+    .await
+    .unwrap();
+    let p = transfer::pending(&store, &sku, layout, 2)
         .await
-        .unwrap();
-    let p = transfer::pending(&store, &sku, 2).await.unwrap().remove(0);
+        .unwrap()
+        .remove(0);
     let recovery = |store: Store| Recovery {
         store,
         db: app.db.clone(),
@@ -306,16 +346,19 @@ async fn a_transfer_interrupted_between_its_steps_is_finished_once_and_creates_n
     let (a, b, c) = tokio::join!(
         first.round(Duration::ZERO),
         second.round(Duration::ZERO),
-        transfer::complete(&store, &sku, &p)
+        transfer::complete(&store, &sku, layout, &p)
     );
     a.unwrap();
     b.unwrap();
     assert!(c.unwrap());
     assert!(
-        transfer::complete(&store, &sku, &p).await.unwrap(),
+        transfer::complete(&store, &sku, layout, &p).await.unwrap(),
         "idempotent"
     );
-    assert!(transfer::pending(&store, &sku, 2).await.unwrap().is_empty());
+    assert!(transfer::pending(&store, &sku, layout, 2)
+        .await
+        .unwrap()
+        .is_empty());
     let v = app.view(&sku).await;
     assert_eq!(shard_remaining(&v), vec![5, 2, 2]);
     assert_eq!(
@@ -438,7 +481,7 @@ async fn restock_and_restore_of_a_sharded_sku_keep_the_books_and_reconcile_agree
     );
     // Each winner's count and idempotency record are back in its own shard.
     for u in &four {
-        let name = dropgate::keys::shard_name(&sku, shard_of_user(u, 3));
+        let name = shard_name(&sku, shard_of_user(u, 3));
         assert_eq!(app.held(&name, u).await, 1, "{u}");
         let r = app.claim(&sku, u, 1, Some(&format!("k-{u}"))).await;
         assert_eq!(r.status(), 201, "a replay after restore");
@@ -466,13 +509,14 @@ async fn a_sharded_drop_sells_exactly_its_units_on_a_cluster_of_three_masters() 
     gateways.push(GatewayProcess::start(&iso, &cluster.urls(), &[]).await);
     let apis: Vec<Api> = gateways.iter().map(|g| Api::new(g.base.clone())).collect();
     let probe = ClusterProbe::new(&cluster, &iso.prefix).await;
-    // A SKU whose three shards live on three different masters.
+    // A SKU whose three shards' plain names already live on three different masters: placement
+    // leaves them as they are (the SKU below this one is the case it moves).
     let mut sku = String::new();
     for n in 0..1000 {
         let candidate = format!("sh-cl-{n}");
         let mut masters = HashSet::new();
         for shard in 0..3 {
-            let name = dropgate::keys::shard_name(&candidate, shard);
+            let name = shard_name(&candidate, shard);
             masters.insert(cluster.master_of(&sku_key(&name)).await);
         }
         if masters.len() == 3 {
@@ -483,6 +527,11 @@ async fn a_sharded_drop_sells_exactly_its_units_on_a_cluster_of_three_masters() 
     assert!(!sku.is_empty());
     let r = declare_sharded(&apis[0], &sku, json!({"total": 10, "shards": 3})).await;
     assert_eq!(r.status(), 201);
+    let names = shard_names(&apis[1].view(&sku).await);
+    assert_eq!(
+        names,
+        (0..3).map(|i| shard_name(&sku, i)).collect::<Vec<_>>()
+    );
 
     // None routed to shard 2: its units reach buyers only through transfers across masters.
     let buyers: Vec<String> = users("cl", 1600)
@@ -517,9 +566,8 @@ async fn a_sharded_drop_sells_exactly_its_units_on_a_cluster_of_three_masters() 
         (Some(10), Some(0))
     );
     assert_eq!(v["consistent"], true, "{v}");
-    for shard in 0..3 {
-        let name = dropgate::keys::shard_name(&sku, shard);
-        assert_eq!(probe.stock(&name).await, Some(0), "{name}");
+    for name in &names {
+        assert_eq!(probe.stock(name).await, Some(0), "{name}");
     }
     // Counted before shard 1 is lost below: the records of transfers it received go with it.
     let mut applied = 0;
@@ -535,7 +583,7 @@ async fn a_sharded_drop_sells_exactly_its_units_on_a_cluster_of_three_masters() 
     assert!(applied > 0, "shard 2's units were borrowed");
     // Redis loses shard 1 (every key of its slot on its master): restore rebuilds every
     // shard, each buyer's count on the buyer's shard's own master.
-    let lost = dropgate::keys::shard_name(&sku, 1);
+    let lost = names[1].clone();
     let master = cluster.master_of(&sku_key(&lost)).await;
     let slot = cluster.slot_of(&sku_key(&lost)).await;
     let mut con = cluster.connection().await;
@@ -560,8 +608,8 @@ async fn a_sharded_drop_sells_exactly_its_units_on_a_cluster_of_three_masters() 
         .await
         .unwrap();
     for w in &winners {
-        let home = dropgate::keys::shard_name(&sku, shard_of_user(w, 3));
-        assert_eq!(probe.held(&home, w).await, 1, "{w} on {home}");
+        let home = &names[usize::from(shard_of_user(w, 3))];
+        assert_eq!(probe.held(home, w).await, 1, "{w} on {home}");
     }
     let db_url = iso.database_url.clone();
     let table = reconcile(&cluster.urls(), &db_url, &iso.prefix);
@@ -617,7 +665,7 @@ pub(crate) async fn settled_shards(app: &TestApp, sku: &str, shards: u16) -> Val
         let journal = format!(
             "{}:{{{}}}:journal",
             app.probe.prefix,
-            dropgate::keys::shard_name(sku, shard)
+            shard_name(sku, shard)
         );
         wait_for(Duration::from_secs(30), || async {
             let mut con = app.probe.redis.clone();
@@ -682,7 +730,7 @@ async fn holds_on_a_sharded_sku_live_in_their_buyers_shard() {
     // The cancelled unit came back to its own shard, and its buyer's count with it.
     let v = settled_shards(&app, &sku, 3).await;
     assert_eq!(shard_remaining(&v), vec![1, 2, 1]);
-    let home = dropgate::keys::shard_name(&sku, 1);
+    let home = shard_name(&sku, 1);
     assert_eq!(app.held(&home, &buyers[1]).await, 0);
     assert_eq!(
         (

@@ -5,13 +5,12 @@
 
 use std::time::Duration;
 
-use dropgate::keys::shard_name;
 use serde_json::json;
 use uuid::Uuid;
 
 use crate::helpers::*;
 use crate::lifecycle::declare_with;
-use crate::shards::settled_shards;
+use crate::shards::{settled_shards, shard_name};
 use crate::shards_waitlist::{
     decide, declare, entry, hold, join, line_len, line_rows, live_units, on_shard, statuses,
     stocks, until_status, SHARDS,

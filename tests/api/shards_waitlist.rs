@@ -8,14 +8,13 @@ use std::collections::BTreeMap;
 
 use std::time::Duration;
 
-use dropgate::keys::shard_name;
 use dropgate::shards::shard_of_user;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::helpers::*;
 use crate::lifecycle::{claim_id, declare_with, get_as, post_as};
-use crate::shards::{reconcile, settled_shards, shard_remaining};
+use crate::shards::{reconcile, settled_shards, shard_name, shard_remaining};
 
 pub(crate) const SHARDS: i32 = 3;
 
