@@ -7,7 +7,8 @@
 //!
 //! - **Marked with its work.** Every script call that can append to a SKU's journal or give it
 //!   holds (claims, confirm and cancel, waitlist join and leave, compensations, restocks,
-//!   restores) goes with a mark, `ZADD <prefix>:active <now_ms> <sku>`, sent at most once a
+//!   restores), or leave a sharded SKU's shard with a transfer to finish or units pooled for
+//!   its lines (transfers, the lines' feed), goes with a mark, `ZADD <prefix>:active <now_ms> <sku>`, sent at most once a
 //!   [`MARK_EVERY`] per SKU per gateway ([`RecentMarks`]: a map lookup while the last one is
 //!   fresh). The mark goes together with the call ([`with_mark`]), not before it, because the
 //!   order does not matter: a SKU leaves the set only through `lua/retire_sku.lua`, which keeps
@@ -17,13 +18,13 @@
 //!   holds keep a SKU there.
 //! - **Retired only when empty and long unmarked.** [`Upkeep`] removes a SKU whose last mark is
 //!   older than [`HORIZON`] (far above the mark period and any clock skew between gateways)
-//!   and whose journal, expiry set and waitlist are empty, with a compare-and-remove on the
+//!   and with no work left ([`has_work`]), with a compare-and-remove on the
 //!   score it read (the emptiness check reads the SKU's slot, the removal the set's: no single
 //!   step can do both on a cluster).
 //! - **Found again when the set is lost.** The set is an index, not the truth: a Redis that lost
 //!   the key (a deleted key, a failover to a replica that missed the last marks) would hide
-//!   work. [`Upkeep`] walks the catalog a page per round and adds back every SKU whose journal,
-//!   expiry set or waitlist holds anything. A sentinel member ([`SENTINEL`], scored +inf,
+//!   work. [`Upkeep`] walks the catalog a page per round and adds back every SKU with work
+//!   ([`has_work`]). A sentinel member ([`SENTINEL`], scored +inf,
 //!   never retired) tells a lost set from an empty one: when it is missing, one gateway walks
 //!   the whole catalog at once (fast pages) instead of at the slow pace. A mark that got no
 //!   answer is retried by the next round. Meanwhile a gateway's own writer and expiry worker
@@ -180,18 +181,20 @@ pub async fn members(store: &Store) -> Result<Vec<String>, StoreError> {
 }
 
 /// Whether the SKU has work left for the background: entries in its journal (winners and
-/// changes not yet written), holds in its expiry set, or a waitlist. Empty sorted sets do not
-/// exist in Redis, so `EXISTS` counts them; the journal stream outlives its entries (the
-/// writer's group lives on it) and `XLEN` counts what `ack_journal.lua` has not trimmed: it
-/// trims every written entry, so a stream of written entries only is empty. One pipeline of
-/// the SKU's own keys: one slot.
+/// changes not yet written), holds in its expiry set, a waitlist, transfers it began to a
+/// sibling shard and has not finished, or units kept in its waitlist pool (the last two only on
+/// a shard of a sharded SKU, src/shards/: the recovery task finishes and feeds them). Empty
+/// sorted sets and hashes do not exist in Redis, so `EXISTS` counts them; the journal stream
+/// outlives its entries (the writer's group lives on it) and `XLEN` counts what
+/// `ack_journal.lua` has not trimmed: it trims every written entry, so a stream of written
+/// entries only is empty. One pipeline of the SKU's own keys: one slot.
 ///
 /// # Errors
 /// Redis unreachable or timed out.
 pub async fn has_work(store: &Store, sku: &str) -> Result<bool, StoreError> {
     let keys = store.keys(sku);
     let mut con = store.hot();
-    let (entries, sets): (i64, i64) = store
+    let (entries, sets, pool): (i64, i64, Option<i64>) = store
         .bounded(async {
             Ok(redis::pipe()
                 .cmd("XLEN")
@@ -199,11 +202,15 @@ pub async fn has_work(store: &Store, sku: &str) -> Result<bool, StoreError> {
                 .cmd("EXISTS")
                 .arg(keys.expiry())
                 .arg(keys.waitlist())
+                .arg(keys.transfers())
+                .cmd("HGET")
+                .arg(keys.state())
+                .arg("wl_pool")
                 .query_async(&mut con)
                 .await?)
         })
         .await?;
-    Ok(entries > 0 || sets > 0)
+    Ok(entries > 0 || sets > 0 || pool.unwrap_or(0) > 0)
 }
 
 /// The active set's upkeep: retries failed marks, retires SKUs with nothing left, and walks

@@ -252,9 +252,8 @@ impl Reprocessor {
         let layout = crate::shards::layout(&self.db, &row.sku)
             .await
             .map_err(|e| StoreError::Unavailable(format!("catalog: {e}")))?;
-        let keys = self
-            .store
-            .keys(&layout.name_for_user(&row.sku, &row.user_id));
+        let name = layout.name_for_user(&row.sku, &row.user_id);
+        let keys = self.store.keys(&name);
         let marker = keys.compensation(&row.claim_id);
         let idem = match &row.idempotency_key {
             Some(k) => keys.idempotency(&row.user_id, k),
@@ -278,7 +277,8 @@ impl Reprocessor {
         let call = self
             .store
             .bounded(async { Ok(inv.invoke_async(&mut con).await?) });
-        crate::activity::with_mark(&self.store, &row.sku, call).await
+        // The mark names the shard the units go back to, whose journal and holds they are.
+        crate::activity::with_mark(&self.store, &name, call).await
     }
 }
 

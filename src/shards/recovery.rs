@@ -41,16 +41,32 @@ impl Recovery {
         tracing::info!("shard transfer recovery stopped");
     }
 
-    /// Finishes every pending transfer older than `older_than` of every sharded SKU, then
-    /// feeds each SKU's waitlist ([`super::line::feed`]). Returns how many transfers it
-    /// finished.
+    /// Finishes every pending transfer older than `older_than` of every sharded SKU with a
+    /// shard in the active set (or marked by this gateway lately), then feeds each SKU's
+    /// waitlists ([`super::line::feed`]). Returns how many transfers it finished.
+    ///
+    /// Only active SKUs: a shard with a pending transfer or pooled units has work and stays
+    /// in the set until they are done ([`crate::activity::has_work`]; the transfer steps and the
+    /// feed mark the shards they leave work on), so an idle catalog costs nothing here,
+    /// however many sharded SKUs it holds.
     ///
     /// # Errors
-    /// The catalog's error (a shard's Redis errors are logged and skipped).
+    /// The active set's or the catalog's error (a shard's Redis errors are logged and
+    /// skipped).
     pub async fn round(&self, older_than: Duration) -> Result<usize, RecoveryError> {
+        let mut active = crate::activity::members(&self.store).await?;
+        active.extend(self.store.recent_marks().recent());
+        let mut catalog_skus: Vec<&str> = active
+            .iter()
+            .map(|n| crate::keys::split_shard(n).0)
+            .collect();
+        catalog_skus.sort_unstable();
+        catalog_skus.dedup();
         let skus: Vec<(String, i32, Vec<i32>)> = sqlx::query_as(
-            "SELECT sku, shards, shard_salts FROM skus WHERE shards > 1 ORDER BY sku",
+            "SELECT sku, shards, shard_salts FROM skus
+              WHERE sku = ANY($1) AND shards > 1 ORDER BY sku",
         )
+        .bind(&catalog_skus)
         .fetch_all(&self.db)
         .await
         .map_err(DbError::from)?;

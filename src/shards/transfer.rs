@@ -135,22 +135,23 @@ pub async fn take(
 ) -> Result<Taken, StoreError> {
     let keys = store.keys(donor);
     let mut con = store.hot();
-    let (code, units, generation): (i64, i64, String) = store
-        .bounded(async {
-            Ok(SCRIPTS
-                .transfer_out
-                .key(keys.state())
-                .key(keys.transfers())
-                .arg(id.to_string())
-                .arg(need)
-                .arg(cap)
-                .arg(recipient)
-                .arg(crate::claims::now_ms())
-                .arg(source.arg())
-                .invoke_async(&mut con)
-                .await?)
-        })
-        .await?;
+    let call = store.bounded(async {
+        Ok(SCRIPTS
+            .transfer_out
+            .key(keys.state())
+            .key(keys.transfers())
+            .arg(id.to_string())
+            .arg(need)
+            .arg(cap)
+            .arg(recipient)
+            .arg(crate::claims::now_ms())
+            .arg(source.arg())
+            .invoke_async(&mut con)
+            .await?)
+    });
+    // A pending transfer is the donor's background work (the recovery task finishes it).
+    let (code, units, generation): (i64, i64, String) =
+        crate::activity::with_mark(store, donor, call).await?;
     match code {
         1 | 2 => {
             if code == 1 {
@@ -182,7 +183,8 @@ pub async fn complete(
     layout: Layout,
     p: &Pending,
 ) -> Result<bool, StoreError> {
-    let to = store.keys(&layout.name(sku, p.recipient));
+    let recipient = layout.name(sku, p.recipient);
+    let to = store.keys(&recipient);
     let mut con = store.hot();
     let mut apply = SCRIPTS.transfer_in.prepare_invoke();
     for k in to.lifecycle() {
@@ -194,9 +196,9 @@ pub async fn complete(
         .arg(&p.generation)
         .arg(super::TRANSFER_RECORD_TTL_SECS)
         .arg(p.source.arg());
-    let code: i64 = store
-        .bounded(async { Ok(apply.invoke_async(&mut con).await?) })
-        .await?;
+    // The units may be offered (a journal entry and a hold) or pooled for the lines there.
+    let call = store.bounded(async { Ok(apply.invoke_async(&mut con).await?) });
+    let code: i64 = crate::activity::with_mark(store, &recipient, call).await?;
     let applied = match code {
         1 | 2 => true,
         -4 => false,

@@ -270,18 +270,24 @@ async fn an_idle_sku_with_nothing_left_leaves_the_active_set_and_one_with_entrie
 ) {
     let (store, upkeep, probe) = own_upkeep(Duration::from_secs(60)).await;
     let mut con = probe.redis.clone();
-    for sku in ["idle", "unwritten", "held", "waiting", "recent"] {
-        journal(&probe, sku, usize::from(sku == "unwritten")).await;
+    let with_work = ["unwritten", "held", "waiting", "s#1", "s#2"];
+    for sku in ["idle", "recent"].iter().chain(&with_work) {
+        journal(&probe, sku, usize::from(*sku == "unwritten")).await;
     }
+    // Shards of a sharded SKU: one with a transfer it began and has not finished, one with
+    // units pooled for the SKU's waitlists (src/shards/line.rs).
+    let p = &probe.prefix;
     let _: () = redis::pipe()
-        .zadd(format!("{}:{{held}}:expiry", probe.prefix), "hold-1", 4e12)
-        .zadd(format!("{}:{{waiting}}:wl", probe.prefix), "entry-1", 1)
+        .zadd(format!("{p}:{{held}}:expiry"), "hold-1", 4e12)
+        .zadd(format!("{p}:{{waiting}}:wl"), "entry-1", 1)
+        .hset(format!("{p}:{{s#1}}:xfer:out"), "t-1", "2|0||0|")
+        .hset(format!("{p}:{{s#2}}:state"), "wl_pool", 2)
         .query_async(&mut con)
         .await
         .unwrap();
     // Marked two minutes ago (past the horizon), except "recent", marked now.
     let long_ago = dropgate::claims::now_ms() - 120_000;
-    for sku in ["idle", "unwritten", "held", "waiting"] {
+    for sku in ["idle"].iter().chain(&with_work) {
         let _: () = redis::cmd("ZADD")
             .arg(active_skus(store.prefix()))
             .arg(long_ago)
@@ -292,19 +298,14 @@ async fn an_idle_sku_with_nothing_left_leaves_the_active_set_and_one_with_entrie
     }
     activity::mark(&store, "recent").await;
 
+    let kept = ["held", "recent", "s#1", "s#2", "unwritten", "waiting"];
     assert_eq!(upkeep.retire().await.unwrap(), 1);
-    assert_eq!(
-        members(&store).await,
-        ["held", "recent", "unwritten", "waiting"]
-    );
+    assert_eq!(members(&store).await, kept);
     // Those with work were marked again (to the back of the line), so they are not even
     // candidates until another horizon has passed.
     assert!(score(&probe, "held").await.unwrap() > long_ago as f64);
     assert_eq!(upkeep.retire().await.unwrap(), 0);
-    assert_eq!(
-        members(&store).await,
-        ["held", "recent", "unwritten", "waiting"]
-    );
+    assert_eq!(members(&store).await, kept);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
