@@ -92,6 +92,32 @@ pub(crate) fn shard_remaining(view: &Value) -> Vec<i64> {
         .collect()
 }
 
+/// Every buyer in `buyers` claims one unit of `sku` at once (a barrier), through the gateways
+/// `apis` in turn. The answers, and how many of each (status, code).
+pub(crate) async fn drop_through(
+    apis: &[Api],
+    sku: &str,
+    buyers: Vec<String>,
+) -> (Vec<(u16, Value)>, HashMap<(u16, String), usize>) {
+    let n = buyers.len();
+    let buyers = std::sync::Arc::new(buyers);
+    let results = all_at_once(n, |i| {
+        let (api, buyers) = (apis[i % apis.len()].clone(), buyers.clone());
+        let sku = sku.to_string();
+        async move {
+            let r = api.claim(&sku, &buyers[i], 1, None).await;
+            let s = r.status().as_u16();
+            (s, r.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    })
+    .await;
+    let mut by_status: HashMap<(u16, String), usize> = HashMap::new();
+    for (s, b) in &results {
+        *by_status.entry((*s, code(b).to_string())).or_default() += 1;
+    }
+    (results, by_status)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shards_are_declared_once_split_evenly_and_refuse_the_waitlist_while_in_stock() {
     let app = spawn_app().await;
@@ -539,21 +565,7 @@ async fn a_sharded_drop_sells_exactly_its_units_on_a_cluster_of_three_masters() 
         .filter(|u| shard_of_user(u, 3) != 2)
         .take(1000)
         .collect();
-    let barrier = std::sync::Arc::new(buyers);
-    let results = all_at_once(1000, |i| {
-        let (api, buyers, sku) = (apis[i % 2].clone(), barrier.clone(), sku.clone());
-        async move {
-            let r = api.claim(&sku, &buyers[i], 1, None).await;
-            let s = r.status().as_u16();
-            (s, r.json::<Value>().await.unwrap_or(Value::Null))
-        }
-    })
-    .await;
-
-    let mut by_status: HashMap<(u16, String), usize> = HashMap::new();
-    for (s, b) in &results {
-        *by_status.entry((*s, code(b).to_string())).or_default() += 1;
-    }
+    let (results, by_status) = drop_through(&apis, &sku, buyers).await;
     assert_eq!(won_ids(&results).len(), 10, "{by_status:?}");
     assert_eq!(
         by_status.get(&(409, "sold_out".into())),

@@ -3,7 +3,7 @@
 //! on a master of its own, every gateway names the shards from the catalog row, and a drop on
 //! it sells exactly its units.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use dropgate::shards::shard_of_user;
 use serde_json::{json, Value};
@@ -13,7 +13,7 @@ use uuid::Uuid;
 use crate::cluster_support::{node_cmd, sku_key, ClusterProbe, PrivateCluster};
 use crate::helpers::*;
 use crate::services::GatewayProcess;
-use crate::shards::{reconcile, shard_name, shard_names};
+use crate::shards::{drop_through, reconcile, shard_name, shard_names};
 
 const SHARDS: u16 = 3;
 
@@ -110,23 +110,10 @@ async fn shards_that_would_crowd_one_master_are_placed_on_three_and_sell_exactly
     );
 
     // Act: a drop through both gateways, buyers routed to every shard.
-    let buyers = std::sync::Arc::new(users("pl", 400));
-    let results = all_at_once(buyers.len(), |i| {
-        let (api, buyers, sku) = (apis[i % 2].clone(), buyers.clone(), sku.clone());
-        async move {
-            let r = api.claim(&sku, &buyers[i], 1, None).await;
-            let s = r.status().as_u16();
-            (s, r.json::<Value>().await.unwrap_or(Value::Null))
-        }
-    })
-    .await;
+    let (results, by_status) = drop_through(&apis, &sku, users("pl", 400)).await;
 
     // Assert: exactly the declared units sell, every other buyer is told sold out, and every
     // winner is in `issuances`, counted on its own shard's master.
-    let mut by_status: HashMap<(u16, String), usize> = HashMap::new();
-    for (s, b) in &results {
-        *by_status.entry((*s, code(b).to_string())).or_default() += 1;
-    }
     let won = won_ids(&results);
     assert_eq!(won.len(), 10, "{by_status:?}");
     assert_eq!(
