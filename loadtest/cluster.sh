@@ -19,8 +19,8 @@
 # SHARDS="1 3" (a list of shard counts) measures one hot SKU spread over that many Redis shards
 # (src/shards/) instead, on the cluster only, through one gateway with
 # DROPGATE_REDIS_WAIT_REPLICAS=$SHARDS_WAIT (1): per round one run per count, alternating. The
-# SKU's name is chosen so that its shards live on different masters (a shard's slot follows its
-# hash tag `{sku#i}`; with more shards than masters some share one). Per run: claims/s, p99,
+# gateway places the SKU's shards on different masters at its first declare (with more shards
+# than masters some share one); the run checks that from the SKU view's shard names. Per run: claims/s, p99,
 # the Redis CPU of every master (INFO cpu; replicas left out) in total and per master, the
 # gateway's CPU, each divided by the claims answered, and the transfers between shards
 # (dropgate_shard_transfers_total) per 1,000 claims. SHARD_UNITS (default: more than any run
@@ -133,20 +133,15 @@ if [[ -n ${SHARDS:-} ]]; then
     slot=$(redis-cli -p "${CLUSTER_PORTS[0]}" CLUSTER KEYSLOT "$1" | tr -d '\r')
     awk -v s="$slot" '$1 <= s && s <= $2 { print $3; exit }' "$RANGES"
   }
-  # spread_sku STEM N: a SKU name whose N shards sit on min(N, masters) different masters.
-  spread_sku() {
-    local stem=$1 n=$2 want i k name
+  # spread_check VIEW N: dies unless the N shards of the SKU VIEW shows sit on min(N, masters)
+  # different masters (the first declare places them: src/shards/placement.rs).
+  spread_check() {
+    local view=$1 n=$2 want name
     want=$((n < ${#MASTERS[@]} ? n : ${#MASTERS[@]}))
-    for k in $(seq 0 999); do
-      name="$stem-$k"
-      local -A seen=()
-      for ((i = 0; i < n; i++)); do
-        if ((i == 0)); then seen[$(master_of "{$name}")]=1; else seen[$(master_of "{$name#$i}")]=1; fi
-      done
-      ((${#seen[@]} == want)) && { echo "$name"; return 0; }
-      unset seen
-    done
-    die "no SKU name spreads $n shards over $want masters"
+    local -A seen=()
+    if ((n == 1)); then return 0; fi
+    for name in $(jq -r '.shards[].name' <<<"$view"); do seen[$(master_of "{$name}")]=1; done
+    ((${#seen[@]} == want)) || die "the $n shards of $(jq -r .sku <<<"$view") are on ${#seen[@]} masters, not $want"
   }
   transfers() {
     curl -sS -m 5 "$GW/metrics" | awk '$1 == "dropgate_shard_transfers_total" { print $2 }'
@@ -155,10 +150,11 @@ if [[ -n ${SHARDS:-} ]]; then
   say "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
   shard_run() {
     local n=$1 round=$2 sku view units c0 c1 g0 g1 t0 t1 rc=0 per=() m
-    sku=$(spread_sku "cls$n-$round" "$n")
+    sku="cls$n-$round-$ID"
     view=$(admin PUT "$GW/admin/skus/$sku" \
       "{\"total\":$SHARD_UNITS,\"per_user_limit\":$PER_USER_LIMIT,\"shards\":$n}")
     [[ $(jq -r .remaining <<<"$view") == "$SHARD_UNITS" ]] || die "declaring $sku: $view"
+    spread_check "$view" "$n"
     local -A m0=()
     for m in "${MASTERS[@]}"; do m0[$m]=$(node_cpu "$m"); done
     c0=$(node_cpu "${MASTERS[@]}") g0=$(proc_cpu "$GWPID") t0=$(transfers)
