@@ -46,7 +46,7 @@ async fn declare_sharded(api: &Api, sku: &str, body: Value) -> reqwest::Response
 }
 
 /// A store of the test's own on the gateway's prefix, for calling the transfer steps directly.
-async fn store_of(app: &TestApp) -> Store {
+pub(crate) async fn store_of(app: &TestApp) -> Store {
     Store::connect(REDIS_URL, &app.probe.prefix, Duration::from_secs(2))
         .await
         .unwrap()

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use dropgate::shards::shard_of_user;
+use dropgate::shards::transfer::{self, Taken};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
@@ -367,5 +368,72 @@ async fn a_unit_given_back_on_a_shard_with_a_line_goes_first_to_an_earlier_joine
         (Some(2), Some(true)),
         "{v}"
     );
+    reconcile(REDIS_URL, &app.probe.database_url, &app.probe.prefix);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn units_pooled_for_the_lines_move_between_shards_once_and_reach_open_stock_when_nobody_waits(
+) {
+    let app = spawn_app().await;
+    let sku = declare(&app, "swp", 3, 600).await;
+    let b0 = on_shard("swp-b", 0, 1).remove(0);
+    let held = hold(&app, &sku, &b0).await;
+    // A join refused (shards 1 and 2 still hold stock) has leased every shard's line anyway.
+    let (s, body) = join(&app, &sku, &on_shard("swp-w", 1, 1).remove(0)).await;
+    assert_eq!((s, code(&body)), (409, "in_stock"));
+    // So the unit given back on shard 0 is kept for the lines, not put on sale.
+    assert_eq!(decide(&app, &held, "cancel", &b0).await.0, 200);
+    let v = settled_shards(&app, &sku, 3).await;
+    let pooled = |v: &Value| -> Vec<i64> {
+        v["shards"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["for_waitlist"].as_i64().unwrap())
+            .collect()
+    };
+    assert_eq!(
+        (pooled(&v), shard_remaining(&v)),
+        (vec![1, 0, 0], vec![0, 1, 1])
+    );
+    assert_eq!(
+        (v["remaining"].as_i64(), v["consistent"].as_bool()),
+        (Some(3), Some(true))
+    );
+
+    // Step 1 of a pool-to-pool transfer only, as a gateway that died right after it leaves it.
+    let store = crate::shards::store_of(&app).await;
+    let id = Uuid::now_v7();
+    let taken = transfer::take(&store, &sku, &id, 2, 1, 1, transfer::Source::Pool)
+        .await
+        .unwrap();
+    assert_eq!(taken, Taken::Units(1, String::new()));
+    let v = app.view(&sku).await;
+    assert_eq!(pooled(&v), vec![0, 0, 0]);
+    assert_eq!(
+        (v["in_transit"].as_i64(), v["consistent"].as_bool()),
+        (Some(1), Some(true))
+    );
+
+    // The recovery task finishes it into shard 2's pool; nobody waits and the lease lapses,
+    // so the pools are given back to open stock there: every unit once, on sale again.
+    wait_for(Duration::from_secs(30), || async {
+        stocks(&app, &sku).await == vec![0, 1, 2]
+    })
+    .await;
+    let v = settled_shards(&app, &sku, 3).await;
+    assert_eq!(pooled(&v), vec![0, 0, 0]);
+    assert_eq!(
+        (
+            v["remaining"].as_i64(),
+            v["in_transit"].as_i64(),
+            v["consistent"].as_bool()
+        ),
+        (Some(3), Some(0), Some(true))
+    );
+    let crowd = users("swp-c", 60);
+    let won = won_ids(&release_buyers(&app, &sku, crowd).await);
+    assert_eq!(won.len(), 3, "the three units sell, each once");
+    assert_eq!(stocks(&app, &sku).await, vec![0, 0, 0]);
     reconcile(REDIS_URL, &app.probe.database_url, &app.probe.prefix);
 }
