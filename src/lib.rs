@@ -53,9 +53,10 @@
 //! - [`shards`]: one hot SKU spread over several Redis SKUs (`sku`, `sku#1`, ...): buyers
 //!   routed by a stable hash of the user id, units borrowed between shards by fenced
 //!   transfers (`shards/transfer.rs`, `shards/borrow.rs`), transfers left half done finished
-//!   by a task in every gateway (`shards/recovery.rs`), which also moves open stock from shards
-//!   with an empty waitlist to shards whose line has waiters (`shards/line.rs`: a line per
-//!   shard, joined by the buyers routed there), the shards summed for the SKU view
+//!   by a task in every gateway (`shards/recovery.rs`), which also feeds the waitlists
+//!   (`shards/feed.rs`: units given back under a line lease wait in the shard's pool and are
+//!   offered across the lines in ticket order; `shards/line.rs`: a line per shard, joined by
+//!   the buyers routed there with a ticket from shard 0), the shards summed for the SKU view
 //!   (`shards/view.rs`), each shard's high-water mark (`shards/marks.rs`); every shard's name
 //!   built from the catalog row's layout (`shards/layout.rs`: count and placement salts),
 //!   the salts chosen at the first declare on a cluster so the shards sit on different

@@ -202,7 +202,7 @@ pub async fn decide(
                     // While anybody waits, the unit came back into its shard's pool: offer it
                     // to the line that comes first now rather than at the recovery task's next
                     // round. Best effort: the recovery task does the same within a second.
-                    if let Err(e) = crate::shards::line::feed(store, &sku.sku, sku.layout).await {
+                    if let Err(e) = crate::shards::feed::feed(store, &sku.sku, sku.layout).await {
                         tracing::debug!(sku = %sku.sku, error = %e, "could not feed the waitlists after a cancel; the recovery task will");
                     }
                 }

@@ -33,6 +33,7 @@
 use xxhash_rust::xxh3::xxh3_64;
 
 pub mod borrow;
+pub mod feed;
 pub mod layout;
 pub mod line;
 pub mod marks;

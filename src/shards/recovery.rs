@@ -1,7 +1,7 @@
 //! Finishes transfers that a gateway began and did not finish (it died, or lost Redis's answer
 //! between two steps), and feeds the waitlists: units kept in the shards' pools are offered
 //! across a sharded SKU's lines in ticket order, and given back to open stock once nobody
-//! waits ([`super::line::feed`]). Runs in every gateway; every step is fenced by the
+//! waits ([`super::feed::feed`]). Runs in every gateway; every step is fenced by the
 //! transfer id, so two gateways finishing the same transfer, or feeding the same line, move
 //! each unit once.
 
@@ -43,7 +43,7 @@ impl Recovery {
 
     /// Finishes every pending transfer older than `older_than` of every sharded SKU with a
     /// shard in the active set (or marked by this gateway lately), then feeds each SKU's
-    /// waitlists ([`super::line::feed`]). Returns how many transfers it finished.
+    /// waitlists ([`super::feed::feed`]). Returns how many transfers it finished.
     ///
     /// Only active SKUs: a shard with a pending transfer or pooled units has work and stays
     /// in the set until they are done ([`crate::activity::has_work`]; the transfer steps and the
@@ -104,7 +104,7 @@ impl Recovery {
                     );
                 }
             }
-            match super::line::feed(&self.store, &sku, layout).await {
+            match super::feed::feed(&self.store, &sku, layout).await {
                 Ok(0) => {}
                 Ok(units) => {
                     tracing::debug!(sku, units, "offered pooled units to the SKU's waitlists");

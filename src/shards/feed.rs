@@ -1,0 +1,208 @@
+//! The feed of a sharded SKU's waitlists (the lines, their tickets and their lease:
+//! [`super::line`]): pooled units offered across the lines in ticket order, open stock taken
+//! into the pools while anybody waits, the pools given back once nobody does. Run by the
+//! recovery task every second ([`super::recovery`]) and at once after a buyer's cancel.
+
+use std::collections::BTreeMap;
+
+use super::line::lease_all;
+use super::transfer::{self, Source};
+use super::Layout;
+use crate::error::StoreError;
+use crate::scripts::SCRIPTS;
+use crate::store::Store;
+
+/// Heads read from each line per feed: the most units one feed offers on a shard.
+const HEADS: isize = 100;
+
+/// One shard's line and pool as [`feed`] reads them.
+#[derive(Debug, Clone, PartialEq)]
+struct Line {
+    waiting: i64,
+    /// The first [`HEADS`] tickets in line.
+    heads: Vec<f64>,
+    pool: i64,
+}
+
+/// Offers the pooled units of `sku` to its lines in ticket order, across every shard (see
+/// the module's docs); renews the lease while anybody waits, and gives the pools back once
+/// nobody does and the lease has lapsed. Returns the units offered. Costs one pipelined read
+/// per shard while nobody waits and nothing is pooled.
+///
+/// # Errors
+/// [`StoreError::SkuLost`] / [`StoreError::Stale`] when a shard fails closed, or a Redis error
+/// (a transfer left half done is finished by the recovery task; pooled units wait for the
+/// next feed).
+pub async fn feed(store: &Store, sku: &str, layout: Layout) -> Result<i64, StoreError> {
+    if !layout.is_sharded() {
+        return Ok(0);
+    }
+    let mut lines = read_lines(store, sku, layout).await?;
+    if lines.iter().all(|l| l.waiting == 0) {
+        for (i, l) in lines.iter().enumerate() {
+            if l.pool > 0 {
+                pool_script(store, &layout.name(sku, i as u16), PoolOp::Release).await?;
+            }
+        }
+        return Ok(0);
+    }
+    let leased = lease_all(store, sku, layout, false).await?;
+    if leased.iter().any(|l| l.stock > 0) {
+        // Open stock while somebody waits reached a shard without a lease (a restore
+        // rebuilt it, or a lease lapsed while no gateway fed): it belongs to the lines.
+        for (i, _) in leased.iter().enumerate().filter(|(_, l)| l.stock > 0) {
+            pool_script(store, &layout.name(sku, i as u16), PoolOp::Gather).await?;
+        }
+        lines = read_lines(store, sku, layout).await?;
+    }
+    let pooled: i64 = lines.iter().map(|l| l.pool).sum();
+    if pooled == 0 {
+        return Ok(0);
+    }
+    let due = next_offers(&lines, pooled);
+    // Pooled units where the next heads are not: moved to the shards whose heads are, the
+    // earliest head's shard served first.
+    let mut pools: Vec<i64> = lines.iter().map(|l| l.pool).collect();
+    for (&to, &want) in &due {
+        let mut short = want - pools[usize::from(to)];
+        for from in 0..pools.len() {
+            let spare = pools[from] - due.get(&(from as u16)).copied().unwrap_or(0);
+            if short <= 0 {
+                break;
+            }
+            if from == usize::from(to) || spare <= 0 {
+                continue;
+            }
+            let n = short.min(spare);
+            let got = transfer::transfer(store, sku, layout, (from as u16, to), n, n, Source::Pool)
+                .await?;
+            pools[from] -= got;
+            pools[usize::from(to)] += got;
+            short -= got;
+        }
+    }
+    let mut offered = 0;
+    for (&shard, &want) in &due {
+        offered += pool_script(store, &layout.name(sku, shard), PoolOp::Offer(want)).await?;
+    }
+    Ok(offered)
+}
+
+/// Which shards the next `units` offers go to, by ticket across every line's heads: shard ->
+/// units. Ties (never from tickets, which are unique) go to the lower shard, so every
+/// gateway feeding the same SKU agrees.
+fn next_offers(lines: &[Line], units: i64) -> BTreeMap<u16, i64> {
+    let mut heads: Vec<(f64, u16)> = lines
+        .iter()
+        .enumerate()
+        .flat_map(|(i, l)| l.heads.iter().map(move |&t| (t, i as u16)))
+        .collect();
+    heads.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mut due = BTreeMap::new();
+    for (_, shard) in heads.into_iter().take(units.max(0) as usize) {
+        *due.entry(shard).or_insert(0) += 1;
+    }
+    due
+}
+
+async fn read_lines(store: &Store, sku: &str, layout: Layout) -> Result<Vec<Line>, StoreError> {
+    let names = layout.names(sku);
+    let reads = names.iter().map(|name| read_line(store, name));
+    futures_util::future::try_join_all(reads).await
+}
+
+async fn read_line(store: &Store, name: &str) -> Result<Line, StoreError> {
+    let keys = store.keys(name);
+    let mut con = store.hot();
+    let (waiting, heads, pool): (i64, Vec<(String, f64)>, Option<i64>) = store
+        .bounded(async {
+            Ok(redis::pipe()
+                .cmd("ZCARD")
+                .arg(keys.waitlist())
+                .cmd("ZRANGE")
+                .arg(keys.waitlist())
+                .arg(0)
+                .arg(HEADS - 1)
+                .arg("WITHSCORES")
+                .cmd("HGET")
+                .arg(keys.state())
+                .arg("wl_pool")
+                .query_async(&mut con)
+                .await?)
+        })
+        .await?;
+    Ok(Line {
+        waiting,
+        heads: heads.into_iter().map(|(_, t)| t).collect(),
+        pool: pool.unwrap_or(0),
+    })
+}
+
+#[derive(Debug, Clone, Copy)]
+enum PoolOp {
+    /// Offer up to this many pooled units to the shard's line.
+    Offer(i64),
+    /// Move the shard's open stock into its pool (somebody waits, and the lease is renewed).
+    Gather,
+    /// Give the pool back to open stock, if the lease has lapsed.
+    Release,
+}
+
+/// Runs `offer_pool.lua` or `release_pool.lua` on the shard named `name`. Returns the units
+/// offered or released.
+async fn pool_script(store: &Store, name: &str, op: PoolOp) -> Result<i64, StoreError> {
+    let keys = store.keys(name);
+    let mut inv = match op {
+        PoolOp::Offer(units) => {
+            let mut inv = SCRIPTS.offer_pool.prepare_invoke();
+            inv.arg(units).arg("0");
+            inv
+        }
+        PoolOp::Gather => {
+            let mut inv = SCRIPTS.offer_pool.prepare_invoke();
+            inv.arg(0).arg("1");
+            inv
+        }
+        PoolOp::Release => SCRIPTS.release_pool.prepare_invoke(),
+    };
+    for k in keys.lifecycle() {
+        inv.key(k);
+    }
+    let mut con = store.hot();
+    let call = store.bounded(async { Ok(inv.invoke_async(&mut con).await?) });
+    let (code, units): (i64, i64) = crate::activity::with_mark(store, name, call).await?;
+    match (op, code) {
+        (PoolOp::Release, 0) => Ok(0),
+        (PoolOp::Release, 1) => Ok(units),
+        (PoolOp::Offer(_) | PoolOp::Gather, n) if n >= 0 => Ok(n),
+        (_, -3) => Err(StoreError::Stale),
+        _ => Err(StoreError::SkuLost),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(heads: &[f64], pool: i64) -> Line {
+        Line {
+            waiting: heads.len() as i64,
+            heads: heads.to_vec(),
+            pool,
+        }
+    }
+
+    #[test]
+    fn pooled_units_go_to_the_earliest_tickets_across_every_line() {
+        let lines = [
+            line(&[2.0, 7.0], 0),
+            line(&[], 3),
+            line(&[1.0, 3.0, 4.0], 0),
+        ];
+        assert_eq!(next_offers(&lines, 3), BTreeMap::from([(0, 1), (2, 2)]));
+        assert_eq!(next_offers(&lines, 5), BTreeMap::from([(0, 2), (2, 3)]));
+        // More units than waiters: one unit an entry; the rest stays pooled.
+        assert_eq!(next_offers(&lines, 9), BTreeMap::from([(0, 2), (2, 3)]));
+        assert_eq!(next_offers(&lines, 0), BTreeMap::new());
+    }
+}
