@@ -188,6 +188,13 @@ impl SkuKeys {
         format!("{}xfer:in:{}", self.head, id.simple())
     }
 
+    /// The lock of a sharded SKU's waitlist feed (on shard 0; holds the feeder's token), so
+    /// one feed at a time, across gateways, decides which line's head comes next
+    /// (`crate::shards::feed`).
+    pub fn feed_lock(&self) -> String {
+        format!("{}feed", self.head)
+    }
+
     /// Marker that a claim's units were given back, so compensation happens once.
     pub fn compensation(&self, claim_id: &uuid::Uuid) -> String {
         format!("{}comp:{}", self.head, claim_id.simple())

@@ -39,6 +39,8 @@ pub struct Scripts {
     pub line_lease: Script,
     pub offer_pool: Script,
     pub release_pool: Script,
+    /// Releases a lock held under a token (the feed's: src/shards/feed.rs).
+    pub unlock: Script,
 }
 
 /// A script that ends holds or gives units back, with `lua/lib/lifecycle.lua` (functions
@@ -74,6 +76,7 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     line_lease: Script::new(include_str!("../lua/line_lease.lua")),
     offer_pool: lifecycle_script!("offer_pool.lua"),
     release_pool: lifecycle_script!("release_pool.lua"),
+    unlock: Script::new(include_str!("../lua/unlock.lua")),
 });
 
 /// Loads every script into Redis (SCRIPT LOAD), so the first claim does not pay for it.
@@ -102,6 +105,7 @@ pub async fn load_all<C: ConnectionLike>(con: &mut C) -> Result<(), StoreError> 
         &s.line_lease,
         &s.offer_pool,
         &s.release_pool,
+        &s.unlock,
     ] {
         script.prepare_invoke().load_async(con).await?;
     }

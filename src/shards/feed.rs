@@ -14,6 +14,10 @@ use crate::store::Store;
 
 /// Heads read from each line per feed: the most units one feed offers on a shard.
 const HEADS: isize = 100;
+/// How long a feed holds the SKU's feed lock at most (a feeder that died frees it then).
+const FEED_LOCK: std::time::Duration = std::time::Duration::from_secs(2);
+/// Passes of one feed, at most.
+const FEED_PASSES: usize = 4;
 
 /// One shard's line and pool as [`feed`] reads them.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,6 +26,68 @@ struct Line {
     /// The first [`HEADS`] tickets in line.
     heads: Vec<f64>,
     pool: i64,
+}
+
+/// Feeds `sku`'s lines ([`feed_once`]) under the SKU's feed lock, pass after pass until a pass
+/// offers nothing (units given back meanwhile are taken by the next pass). Returns the units
+/// offered. A feed that finds the lock held returns at once: the holder's next pass, or the
+/// next recovery round (a second), takes what it came for.
+///
+/// One feed at a time: two feeds reading the lines at once would each offer pooled units to
+/// the heads they read, and the later would reach past heads the earlier had just served, to
+/// an entry behind an earlier ticket on another shard.
+///
+/// # Errors
+/// As [`feed_once`]; or the lock's Redis error.
+pub async fn feed(store: &Store, sku: &str, layout: Layout) -> Result<i64, StoreError> {
+    if !layout.is_sharded() {
+        return Ok(0);
+    }
+    let lock = store.keys(sku).feed_lock();
+    let token = uuid::Uuid::new_v4().to_string();
+    let mut con = store.hot();
+    let got: Option<String> = store
+        .bounded(async {
+            Ok(redis::cmd("SET")
+                .arg(&lock)
+                .arg(&token)
+                .arg("NX")
+                .arg("PX")
+                .arg(FEED_LOCK.as_millis() as u64)
+                .query_async(&mut con)
+                .await?)
+        })
+        .await?;
+    if got.is_none() {
+        return Ok(0);
+    }
+    let mut offered = 0;
+    let mut result = Ok(());
+    for _ in 0..FEED_PASSES {
+        match feed_once(store, sku, layout).await {
+            Ok(0) => break,
+            Ok(n) => offered += n,
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    // Best effort: a lock left behind lapses by itself.
+    let unlocked = store
+        .bounded(async {
+            Ok(SCRIPTS
+                .unlock
+                .key(&lock)
+                .arg(&token)
+                .invoke_async::<i64>(&mut con)
+                .await?)
+        })
+        .await;
+    if let Err(e) = unlocked {
+        tracing::debug!(sku, error = %e, "could not release the feed lock; it lapses");
+    }
+    result.map(|()| offered)
 }
 
 /// Offers the pooled units of `sku` to its lines in ticket order, across every shard (see
@@ -33,7 +99,7 @@ struct Line {
 /// [`StoreError::SkuLost`] / [`StoreError::Stale`] when a shard fails closed, or a Redis error
 /// (a transfer left half done is finished by the recovery task; pooled units wait for the
 /// next feed).
-pub async fn feed(store: &Store, sku: &str, layout: Layout) -> Result<i64, StoreError> {
+async fn feed_once(store: &Store, sku: &str, layout: Layout) -> Result<i64, StoreError> {
     if !layout.is_sharded() {
         return Ok(0);
     }

@@ -29,6 +29,7 @@ mod restock;
 mod rollback;
 mod services;
 mod shards;
+mod shards_fifo;
 mod shards_offers;
 mod shards_placement;
 mod shards_waitlist;
