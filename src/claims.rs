@@ -41,6 +41,7 @@ pub const MAX_BATCH: usize = ids::CALL_CLAIMS;
 /// unknown (503 `outcome_unknown`, then settled in the background); with the call itself this
 /// bounds a claim at three Redis timeouts (750 ms by default).
 const RESOLVE_ATTEMPTS: usize = 2;
+
 /// Refills (each followed by a new call) a claim on a sharded SKU may wait for before it is
 /// answered sold out while units remain on some shard (others took what came).
 const BORROW_ROUNDS: usize = 3;
@@ -85,6 +86,10 @@ struct Lane {
     /// Whether a task is currently calling Redis for this SKU (it drains the queue before
     /// it stops, so a queued claim never waits for a call that will not come).
     busy: bool,
+    /// This SKU's last call got no answer, not even to its read-backs (Redis stalled, or cut
+    /// off by a partition): the next call goes only after a read of the SKU's slot answers
+    /// ([`probe`]).
+    silent: bool,
 }
 
 /// Decides claims; shared by every request.
@@ -338,6 +343,16 @@ async fn drain_lane(
             l.queue.drain(..take).collect()
         };
         let (inputs, replies): (Vec<ClaimInput>, Vec<Reply>) = batch.into_iter().unzip();
+        let silent = lane.lock().silent;
+        if silent && !probe(&store, &keys).await {
+            m::failed_fast(inputs.len());
+            for reply in replies {
+                let _ = reply.send(Err(StoreError::Unavailable(
+                    "redis answers no call on this SKU; this claim was not sent".into(),
+                )));
+            }
+            continue;
+        }
         m::coalesced_batch(inputs.len());
         let call = ids::mint_call(tag);
         let decided = AssertUnwindSafe(decide_batch(
@@ -358,10 +373,36 @@ async fn drain_lane(
                 resolve(&store, &keys, &ids).await
             }
         };
+        // No answer at all: every claim unknown, not one read back. An answer of any kind
+        // (a decision, a read-back, a refusal) ends the silence.
+        let unanswered = decisions
+            .iter()
+            .all(|d| matches!(d, Err(StoreError::OutcomeUnknown(_))));
+        lane.lock().silent = unanswered;
         for (i, (reply, d)) in replies.into_iter().zip(decisions).enumerate() {
             let _ = reply.send(d.map(|d| (ids::claim_in(&call, i), d)));
         }
     }
+}
+
+/// Whether Redis answers a read of the SKU's slot within the call bound: asked before the
+/// next call of a SKU whose last call got no answer. A call sent to a Redis that does not
+/// answer waits in its connection and runs when Redis answers again, long after its buyers
+/// were told `outcome_unknown`; a read that runs late changes nothing. So while Redis is
+/// silent each batch costs one bounded read and is answered 503 `unavailable` (a definite
+/// "nothing moved"), rather than queueing a claim call behind the others and waiting for its
+/// timeout and its read-backs.
+async fn probe(store: &Store, keys: &SkuKeys) -> bool {
+    let mut con = store.hot();
+    store
+        .bounded(async {
+            Ok(redis::cmd("EXISTS")
+                .arg(keys.state())
+                .query_async::<i64>(&mut con)
+                .await?)
+        })
+        .await
+        .is_ok()
 }
 
 /// Decides `inputs` in one script call, the call `call`; when the call gets no answer, reads

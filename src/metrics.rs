@@ -45,6 +45,7 @@ pub const FAST_REFUSALS: &str = "dropgate_claim_fast_refusals_total";
 pub const SOLD_OUT_RECHECKS: &str = "dropgate_sold_out_rechecks_total";
 pub const UNCERTAIN_OUTCOMES: &str = "dropgate_uncertain_outcomes_total";
 pub const WAIT_SHORT: &str = "dropgate_redis_wait_short_total";
+pub const FAILED_FAST: &str = "dropgate_claims_failed_fast_total";
 pub const SHARD_TRANSFERS: &str = "dropgate_shard_transfers_total";
 pub const JOURNAL_LAG: &str = "dropgate_journal_lag_seconds";
 pub const WRITER_BATCH_ROWS: &str = "dropgate_writer_batch_rows";
@@ -175,6 +176,11 @@ fn register() {
         "Decisions with wins that fewer replicas than DROPGATE_REDIS_WAIT_REPLICAS acknowledged in time (answered outcome_unknown, then settled by reading)"
     );
     counter!(WAIT_SHORT).increment(0);
+    describe_counter!(
+        FAILED_FAST,
+        "Claims answered 503 unavailable without a call: their SKU's last call got no answer, and a read of its slot got none either (src/claims.rs probe)"
+    );
+    counter!(FAILED_FAST).increment(0);
     describe_counter!(
         SHARD_TRANSFERS,
         "Transfers of units between two shards of a sharded SKU (begun: transfer_out.lua took units)"
@@ -356,6 +362,10 @@ pub fn shard_transfer() {
 
 pub fn wait_short() {
     counter!(WAIT_SHORT).increment(1);
+}
+
+pub fn failed_fast(claims: usize) {
+    counter!(FAILED_FAST).increment(claims as u64);
 }
 
 pub fn uncertain_outcome() {
