@@ -8,7 +8,8 @@
 //! - [`auth`]: admission tokens (JWT HS256) and the admin token.
 //! - [`catalog`]: SKUs in PostgreSQL, cached in process (unknown SKU = 404, no Redis trip).
 //! - [`claims`]: the decision: coalesce same-SKU claims into calls, mint each call's id (its
-//!   claims' ids derive from it), one Lua call, resolve a call that got no answer by reading.
+//!   claims' ids derive from it), one Lua call, resolve a call that got no answer by reading,
+//!   and ask a SKU whose last call got no answer a read before its next call (`claims/call.rs`).
 //! - [`lifecycle`]: holds (confirm, cancel: `lifecycle/holds.rs`), the waitlist
 //!   (`lifecycle/waitlist.rs`), the expiry worker (`lifecycle/expiry.rs`) and restore's part of
 //!   them (`lifecycle/restore.rs`); each decision one script call on Redis's clock, journaled

@@ -178,7 +178,7 @@ fn register() {
     counter!(WAIT_SHORT).increment(0);
     describe_counter!(
         FAILED_FAST,
-        "Claims answered 503 unavailable without a call: their SKU's last call got no answer, and a read of its slot got none either (src/claims.rs probe)"
+        "Claims answered 503 unavailable without a call: their SKU's last call got no answer, and a read of its slot got none either (src/claims/call.rs, probe)"
     );
     counter!(FAILED_FAST).increment(0);
     describe_counter!(

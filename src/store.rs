@@ -16,7 +16,7 @@
 //!
 //! The cluster connection may resend a command after a connection error: every script is
 //! idempotent per id (claim ids are fenced by their record, restocks by their marker, ...), and
-//! a resent claim comes back `fenced`, which the claim path settles by reading (claims.rs).
+//! a resent claim comes back `fenced`, which the claim path settles by reading (src/claims/call.rs).
 
 use std::future::Future;
 use std::sync::Arc;

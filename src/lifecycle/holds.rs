@@ -136,7 +136,7 @@ async fn decide_on(
     match code {
         1 => {
             super::expiry::count_decision(op.target());
-            // Answered only once the replicas hold it, as a win is (claims.rs): without
+            // Answered only once the replicas hold it, as a win is (src/claims/call.rs): without
             // that a failover could undo it, so its outcome is as unknown as a timeout's;
             // the client's retry is idempotent and answers from what Redis then holds.
             if !store.replicated(&keys).await? {
