@@ -341,6 +341,14 @@ async fn a_gateway_cut_off_from_one_master_fails_closed_on_its_skus_and_sells_th
                 summary(t)
             );
             assert_eq!(t.unavailable.len() + t.unknown.len(), DURING);
+            // Only the first call (at most one coalesced batch) is sent to the silent master;
+            // every later batch is refused after a probe read got no answer, with nothing
+            // sent (src/claims/call.rs).
+            assert!(
+                t.unknown.len() <= dropgate::claims::MAX_BATCH,
+                "{sku}: claims kept being sent to a master that answers nothing: {}",
+                summary(t)
+            );
             // Nothing reached the master: the partition is real.
             assert_eq!(probe.stock(sku).await, Some(left), "{sku}");
         } else {
@@ -368,6 +376,11 @@ async fn a_gateway_cut_off_from_one_master_fails_closed_on_its_skus_and_sells_th
             && later.won.is_empty()
             && later.sold_out == 0,
         "{cut_sku}: a cut-off master's SKU answers only 503: {}",
+        summary(&later)
+    );
+    assert!(
+        later.unknown.is_empty(),
+        "{cut_sku}: a SKU whose master stayed silent sends no more claim calls: {}",
         summary(&later)
     );
     assert_eq!(probe.stock(cut_sku).await, Some(left), "{cut_sku}");
