@@ -41,10 +41,14 @@ pub(super) async fn probe(store: &Store, keys: &SkuKeys) -> bool {
         .is_ok()
 }
 
+/// One result per claim of a call, in order, and whether Redis was silent: neither the call
+/// nor any read-back of it got an answer (a win answered `outcome_unknown` because the replicas
+/// were late is not silence: the master answered).
+pub(super) type Decided = (Vec<Result<Decision, StoreError>>, bool);
+
 /// Decides `inputs` in one script call, the call `call`; when the call gets no answer, reads
-/// each claim's outcome back instead of sending it again. One result per input, in order. The
-/// call goes with the SKU's activity mark, so some writer reads what it journals (see
-/// [`activity`]).
+/// each claim's outcome back instead of sending it again. The call goes with the SKU's
+/// activity mark, so some writer reads what it journals (see [`activity`]).
 pub(super) async fn decide_batch(
     store: &Store,
     sku: &str,
@@ -52,7 +56,7 @@ pub(super) async fn decide_batch(
     call: &Uuid,
     inputs: &[ClaimInput],
     floor: i64,
-) -> Vec<Result<Decision, StoreError>> {
+) -> Decided {
     let mut con = store.hot();
     let started = Instant::now();
     let sent = store.bounded(scripts::claim(
@@ -71,21 +75,30 @@ pub(super) async fn decide_batch(
         // resends after a connection error), and the first run decided; or a resolver fenced
         // it, and it decided nothing. Either way its record tells each claim's outcome.
         Ok(decisions) if decisions.iter().any(|d| matches!(d, Decision::Fenced)) => {
-            let answers = resolve(store, keys, &ids()).await;
-            replicated_or_unknown(store, keys, call, answers).await
+            let (answers, _) = resolve(store, keys, &ids()).await;
+            (
+                replicated_or_unknown(store, keys, call, answers).await,
+                false,
+            )
         }
         Ok(decisions) if decisions.len() == inputs.len() => {
             let out = decisions.into_iter().map(Ok).collect();
-            replicated_or_unknown(store, keys, call, out).await
+            (replicated_or_unknown(store, keys, call, out).await, false)
         }
-        Ok(_) => each(inputs.len(), || {
-            StoreError::Protocol("claim reply of the wrong length".into())
-        }),
+        Ok(_) => (
+            each(inputs.len(), || {
+                StoreError::Protocol("claim reply of the wrong length".into())
+            }),
+            false,
+        ),
         Err(e) if e.is_uncertain() => {
-            let answers = resolve(store, keys, &ids()).await;
-            replicated_or_unknown(store, keys, call, answers).await
+            let (answers, silent) = resolve(store, keys, &ids()).await;
+            (
+                replicated_or_unknown(store, keys, call, answers).await,
+                silent,
+            )
         }
-        Err(e) => each(inputs.len(), || definite(&e)),
+        Err(e) => (each(inputs.len(), || definite(&e)), false),
     }
 }
 
@@ -115,13 +128,10 @@ async fn replicated_or_unknown(
 }
 
 /// Settles claims whose call got no answer, by reading their call's record (and fencing a
-/// call that did not run), never by sending them again. The read is retried a few times: every answer
-/// that settles a claim saves an `outcome_unknown`.
-pub(super) async fn resolve(
-    store: &Store,
-    keys: &SkuKeys,
-    ids: &[Uuid],
-) -> Vec<Result<Decision, StoreError>> {
+/// call that did not run), never by sending them again. The read is retried a few times: every
+/// answer that settles a claim saves an `outcome_unknown`. Silent (see [`Decided`]) when no
+/// read got an answer.
+pub(super) async fn resolve(store: &Store, keys: &SkuKeys, ids: &[Uuid]) -> Decided {
     m::uncertain_outcome();
     let mut con = store.hot();
     for _ in 0..RESOLVE_ATTEMPTS {
@@ -129,7 +139,7 @@ pub(super) async fn resolve(
             .bounded(scripts::resolve_claims(&mut con, keys, ids))
             .await
         {
-            return answers
+            let out = answers
                 .into_iter()
                 .map(|a| match a {
                     // A read-back cannot tell a hold's expiry: the claim's GET shows it.
@@ -143,11 +153,14 @@ pub(super) async fn resolve(
                     )),
                 })
                 .collect();
+            return (out, false);
         }
     }
-    ids.iter()
+    let unknown = ids
+        .iter()
         .map(|id| Err(StoreError::OutcomeUnknown(*id)))
-        .collect()
+        .collect();
+    (unknown, true)
 }
 
 fn each(n: usize, e: impl Fn() -> StoreError) -> Vec<Result<Decision, StoreError>> {

@@ -285,7 +285,8 @@ impl ClaimService {
             std::slice::from_ref(&input),
             floor,
         )
-        .await;
+        .await
+        .0;
         d.pop()
             .unwrap_or_else(|| Err(StoreError::Protocol("empty claim reply".into())))
             .map(|d| (ids::claim_in(&call, 0), d))
@@ -340,8 +341,8 @@ async fn drain_lane(
             l.queue.drain(..take).collect()
         };
         let (inputs, replies): (Vec<ClaimInput>, Vec<Reply>) = batch.into_iter().unzip();
-        let silent = lane.lock().silent;
-        if silent && !probe(&store, &keys).await {
+        let was_silent = lane.lock().silent;
+        if was_silent && !probe(&store, &keys).await {
             m::failed_fast(inputs.len());
             for reply in replies {
                 let _ = reply.send(Err(StoreError::Unavailable(
@@ -362,7 +363,7 @@ async fn drain_lane(
         ))
         .catch_unwind()
         .await;
-        let decisions = match decided {
+        let (decisions, silent) = match decided {
             Ok(d) => d,
             // A panic with the call perhaps sent: read its claims back, never send it again.
             Err(_) => {
@@ -370,12 +371,8 @@ async fn drain_lane(
                 resolve(&store, &keys, &ids).await
             }
         };
-        // No answer at all: every claim unknown, not one read back. An answer of any kind
-        // (a decision, a read-back, a refusal) ends the silence.
-        let unanswered = decisions
-            .iter()
-            .all(|d| matches!(d, Err(StoreError::OutcomeUnknown(_))));
-        lane.lock().silent = unanswered;
+        // An answer of any kind (a decision, a read-back, a refusal) ends the silence.
+        lane.lock().silent = silent;
         for (i, (reply, d)) in replies.into_iter().zip(decisions).enumerate() {
             let _ = reply.send(d.map(|d| (ids::claim_in(&call, i), d)));
         }
