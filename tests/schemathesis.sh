@@ -147,7 +147,11 @@ fingerprint before
 negative=(--mode negative --checks not_a_server_error,negative_data_rejection,status_code_conformance,response_schema_conformance
           --phases coverage,fuzzing --max-examples 25 --max-time 25)
 echo "== schemathesis: refusals (negative data on the operators' routes)"
-st --include-path-regex '^/admin/' -H "Authorization: Bearer $ST_ADMIN_TOKEN" "${negative[@]}"
+# Restore is left out: negative mode also sends `restore?force=true`, a valid request that
+# rebuilds the SKU (200) and so changes the stores the refusals must leave alone. Its refusals
+# are tested in tests/api (operators.rs, faults.rs).
+st --include-path-regex '^/admin/' --exclude-path-regex '/restore$' \
+   -H "Authorization: Bearer $ST_ADMIN_TOKEN" "${negative[@]}"
 echo "== schemathesis: refusals (negative data on the buyers' routes)"
 st --include-path-regex '^/v1/' -H "Authorization: Bearer $ST_BUYER_TOKEN" "${negative[@]}"
 refusals=(--mode positive --checks not_a_server_error,status_code_conformance,response_schema_conformance
