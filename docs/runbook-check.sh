@@ -30,7 +30,7 @@ cleanup() {
   if [ "$rc" -ne 0 ] && [ -f "$WORK/gateway.log" ]; then
     echo "--- gateway log (last 40 lines)" >&2
     tail -n 40 "$WORK/gateway.log" >&2 || true
-    tail -n 20 "$WORK/gateway.err" >&2 || true
+    tail -n 20 "$WORK/gateway.out" >&2 || true
   fi
   rm -rf "$WORK"
   exit "$rc"
@@ -75,7 +75,7 @@ export PATH="$(dirname "$BIN"):$PATH"
 
 DROPGATE_LISTEN=127.0.0.1:0 DROPGATE_LOG_JSON=1 RUST_LOG=info,dropgate=debug \
   DROPGATE_SKU_GAUGES_INTERVAL_MS=200 DROPGATE_REPROCESS_BACKOFF_MS=50 \
-  "$BIN" serve >"$DROPGATE_LOG" 2>"$WORK/gateway.err" &
+  "$BIN" serve >"$WORK/gateway.out" 2>"$DROPGATE_LOG" &
 GW_PID=$!
 for _ in $(seq 1 300); do
   addr="$(jq -r 'select(.fields.message | startswith("listening on ")) | .fields.message[13:]' \

@@ -75,15 +75,12 @@ impl Application {
     /// # Errors
     /// Any startup failure, with context.
     pub async fn build(config: Config) -> anyhow::Result<Application> {
-        use anyhow::Context;
-        let db = crate::db::connect_and_migrate(&config.database_url)
-            .await
-            .context("connecting to PostgreSQL")?;
-        let requests_db =
-            crate::db::request_pool(&config.database_url).context("configuring PostgreSQL")?;
+        use crate::startup::{Exit, Failure};
+        let db = crate::db::connect_and_migrate(&config.database_url).await?;
+        let requests_db = crate::db::request_pool(&config.database_url)?;
         let store = Store::connect(&config.redis_url, &config.key_prefix, config.redis_timeout)
             .await
-            .context("connecting to Redis")?
+            .map_err(|e| Failure::redis(&config.redis_url, &e))?
             .with_wait(config.redis_wait_replicas, config.redis_wait);
         if store.is_cluster() {
             tracing::info!(
@@ -93,10 +90,18 @@ impl Application {
             );
         }
         match store.eviction_policy().await {
-            Ok(Some(policy)) if policy != "noeviction" => anyhow::bail!(
-                "Redis maxmemory-policy is {policy}: it may evict journal entries, per-user counts \
-                 or fences, which loses winners or oversells; set maxmemory-policy noeviction"
-            ),
+            Ok(Some(policy)) if policy != "noeviction" => {
+                return Err(Failure::new(
+                    Exit::RedisUnsafe,
+                    format!(
+                        "Redis at {} has maxmemory-policy {policy}: it may evict journal \
+                         entries, per-user counts or fences, which loses winners or oversells; \
+                         set maxmemory-policy noeviction",
+                        crate::startup::redact(&config.redis_url)
+                    ),
+                )
+                .into())
+            }
             Ok(None) => tracing::warn!(
                 "could not read Redis maxmemory-policy (CONFIG not allowed); it must be noeviction"
             ),
@@ -104,7 +109,13 @@ impl Application {
         }
         let listener = TcpListener::bind(config.listen)
             .await
-            .with_context(|| format!("binding {}", config.listen))?;
+            .map_err(|e| Failure::listen(config.listen, &e))?;
+        if config.admin_token.is_none() {
+            tracing::warn!(
+                "DROPGATE_ADMIN_TOKEN is not set: the admin routes (declare, restock, restore, \
+                 the SKU view, the live page's data) answer 401 until a gateway runs with one"
+            );
+        }
         let wake = Arc::new(WriterSignal::default());
         let marks = Arc::new(Marks::default());
         let closed = Arc::new(FailClosed::default());

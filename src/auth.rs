@@ -21,15 +21,60 @@ pub struct AdmissionClaims {
     pub sku: Option<String>,
 }
 
-/// Why a token was refused; every variant answers 401 `unauthorized`.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+/// Why a token was refused; every variant answers 401 `unauthorized`, and its text is the
+/// problem's `detail` (and the `error_description` of `WWW-Authenticate`), so a client can
+/// tell a token it must renew from one it built wrong.
+#[derive(Debug, Clone, Copy, thiserror::Error, PartialEq, Eq)]
 pub enum AuthError {
-    #[error("missing bearer token")]
+    #[error("no bearer token: send Authorization: Bearer <token>")]
     Missing,
-    #[error("invalid token")]
-    Invalid,
-    #[error("token is for another SKU")]
+    #[error("the bearer token is not a well-formed HS256 JWT with a valid sub and exp")]
+    Malformed,
+    #[error("the token has expired: get a new one")]
+    Expired,
+    #[error("the token's signature does not verify: it was not signed with this gateway's secret")]
+    BadSignature,
+    #[error("the token is for another SKU")]
     WrongSku,
+    #[error("the bearer token is not the admin token")]
+    NotAdmin,
+    #[error("the admin routes are closed: the gateway has no DROPGATE_ADMIN_TOKEN")]
+    NoAdminToken,
+}
+
+impl AuthError {
+    /// Whether credentials were sent at all: RFC 6750 gives a request without any no error
+    /// code in its challenge.
+    pub fn had_credentials(self) -> bool {
+        self != AuthError::Missing
+    }
+}
+
+impl From<&jsonwebtoken::errors::Error> for AuthError {
+    fn from(e: &jsonwebtoken::errors::Error) -> Self {
+        use jsonwebtoken::errors::ErrorKind as K;
+        match e.kind() {
+            K::ExpiredSignature => AuthError::Expired,
+            K::InvalidSignature => AuthError::BadSignature,
+            _ => AuthError::Malformed,
+        }
+    }
+}
+
+/// A buyer whose admission token verified: who, and the SKU the token is limited to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Buyer {
+    pub user: String,
+    /// `Some`: the token acts on this SKU's claims and entries only (API.md).
+    pub sku: Option<String>,
+}
+
+impl Buyer {
+    /// Whether this token may act on a claim or entry of `sku`: another SKU's is as a
+    /// stranger's.
+    pub fn may_act_on(&self, sku: &str) -> bool {
+        self.sku.as_deref().is_none_or(|s| s == sku)
+    }
 }
 
 /// Verifies admission tokens; built once, shared by every request.
@@ -56,12 +101,26 @@ impl Verifier {
         }
     }
 
-    /// Verifies a buyer's token; `sku` is the SKU the request is for, if any.
+    /// Verifies a buyer's token for a request about `sku` (when the path names one): a
+    /// token scoped to another SKU is refused.
     ///
     /// # Errors
     /// [`AuthError`] when the token is missing, malformed, expired, badly signed, or scoped to
     /// another SKU.
     pub fn buyer(&self, header: Option<&str>, sku: Option<&str>) -> Result<String, AuthError> {
+        let buyer = self.identify(header)?;
+        match sku {
+            Some(sku) if !buyer.may_act_on(sku) => Err(AuthError::WrongSku),
+            _ => Ok(buyer.user),
+        }
+    }
+
+    /// Verifies a buyer's token: who it is and the SKU it is limited to, for a route that
+    /// names a claim or entry rather than a SKU (the caller checks the scope against it).
+    ///
+    /// # Errors
+    /// [`AuthError`] when the token is missing, malformed, expired or badly signed.
+    pub fn identify(&self, header: Option<&str>) -> Result<Buyer, AuthError> {
         let token = bearer(header).ok_or(AuthError::Missing)?;
         let now = jsonwebtoken::get_current_timestamp();
         let claims = match self.verified.get(token, now) {
@@ -69,10 +128,10 @@ impl Verifier {
             None => {
                 let data =
                     jsonwebtoken::decode::<AdmissionClaims>(token, &self.key, &self.validation)
-                        .map_err(|_| AuthError::Invalid)?;
+                        .map_err(|e| AuthError::from(&e))?;
                 let c = data.claims;
                 if !valid_user_id(&c.sub) {
-                    return Err(AuthError::Invalid);
+                    return Err(AuthError::Malformed);
                 }
                 let v = Verified {
                     sub: c.sub,
@@ -83,10 +142,26 @@ impl Verifier {
                 v
             }
         };
-        match (&claims.sku, sku) {
-            (Some(scope), Some(sku)) if scope != sku => Err(AuthError::WrongSku),
-            _ => Ok(claims.sub),
+        Ok(Buyer {
+            user: claims.sub,
+            sku: claims.sku,
+        })
+    }
+
+    /// The admin token's check with the reason of a refusal.
+    ///
+    /// # Errors
+    /// [`AuthError::Missing`], [`AuthError::NotAdmin`], or [`AuthError::NoAdminToken`] when
+    /// the gateway has none configured.
+    pub fn admin(&self, header: Option<&str>) -> Result<(), AuthError> {
+        if self.is_admin(header) {
+            return Ok(());
         }
+        Err(match (&self.admin, bearer(header)) {
+            (_, None) => AuthError::Missing,
+            (None, Some(_)) => AuthError::NoAdminToken,
+            (Some(_), Some(_)) => AuthError::NotAdmin,
+        })
     }
 
     /// Whether the header carries the admin token, compared in constant time.
@@ -101,7 +176,7 @@ impl Verifier {
 /// A user id is 1-128 characters without control characters: it becomes a Redis hash field
 /// and a PostgreSQL `text`, and PostgreSQL refuses a NUL, which would park every claim of
 /// that user after Redis had already counted it.
-fn valid_user_id(sub: &str) -> bool {
+pub fn valid_user_id(sub: &str) -> bool {
     !sub.is_empty() && sub.chars().count() <= 128 && !sub.chars().any(char::is_control)
 }
 
@@ -162,7 +237,7 @@ mod tests {
         let other = mint(&Secret::new("another-secret-0000"), "u", None, 60).unwrap();
         assert_eq!(
             v.buyer(Some(&format!("Bearer {other}")), None),
-            Err(AuthError::Invalid)
+            Err(AuthError::BadSignature)
         );
         let claims = AdmissionClaims {
             sub: "u".into(),
@@ -177,7 +252,11 @@ mod tests {
         .unwrap();
         assert_eq!(
             v.buyer(Some(&format!("Bearer {expired}")), None),
-            Err(AuthError::Invalid)
+            Err(AuthError::Expired)
+        );
+        assert_eq!(
+            v.buyer(Some("Bearer not.a-jwt"), None),
+            Err(AuthError::Malformed)
         );
         assert_eq!(v.buyer(None, None), Err(AuthError::Missing));
         assert_eq!(v.buyer(Some("Basic abc"), None), Err(AuthError::Missing));
@@ -199,5 +278,21 @@ mod tests {
         assert!(v.is_admin(Some("Bearer admin-token-123456")));
         assert!(!v.is_admin(Some("Bearer admin-token-12345")));
         assert!(!Verifier::new(&secret(), None).is_admin(Some("Bearer x")));
+        assert_eq!(v.admin(None), Err(AuthError::Missing));
+        assert_eq!(v.admin(Some("Bearer nope")), Err(AuthError::NotAdmin));
+        assert_eq!(
+            Verifier::new(&secret(), None).admin(Some("Bearer x")),
+            Err(AuthError::NoAdminToken)
+        );
+    }
+
+    #[test]
+    fn a_scoped_token_acts_on_its_own_sku_only() {
+        let v = Verifier::new(&secret(), None);
+        let scoped = format!("Bearer {}", mint(&secret(), "u-1", Some("a"), 60).unwrap());
+        let buyer = v.identify(Some(&scoped)).unwrap();
+        assert!(buyer.may_act_on("a") && !buyer.may_act_on("b"));
+        let open = format!("Bearer {}", mint(&secret(), "u-1", None, 60).unwrap());
+        assert!(v.identify(Some(&open)).unwrap().may_act_on("b"));
     }
 }

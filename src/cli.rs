@@ -2,10 +2,20 @@
 
 use clap::{Parser, Subcommand};
 
-use crate::config::RawConfig;
+use crate::config::{RawConfig, StoreArgs};
+
+mod reconcile;
+pub mod token;
 
 #[derive(Debug, Parser)]
-#[command(name = "dropgate", version, about = "Flash-sale inventory gateway")]
+#[command(
+    name = "dropgate",
+    version,
+    about = "Flash-sale inventory gateway",
+    after_help = "Every flag also reads the environment variable shown with it. Logs go to \
+                  stderr (RUST_LOG filters them, DROPGATE_LOG_JSON=1 makes them JSON); stdout \
+                  carries only a command's output. Exit statuses: docs/cli.md."
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -13,15 +23,17 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the gateway (migrations are applied at start).
-    Serve(RawConfig),
-    /// Run a whole drop end to end on this machine and print a summary.
+    /// Run the gateway (creates the database when missing and applies the migrations at start)
+    Serve(Box<RawConfig>),
+    /// Run a whole drop end to end on this machine and print a summary (needs no
+    /// configuration: local Redis and PostgreSQL, a random secret)
     Demo(DemoArgs),
-    /// Print an admission token signed with the configured secret.
+    /// Print an admission token signed with the admission secret (for tests and load runs)
     Token(TokenArgs),
-    /// Print every SKU's accounting; exit non-zero on any mismatch.
+    /// Print every SKU's accounting; exit 1 on any mismatch. Read-only: never creates or
+    /// migrates a database
     Reconcile(ReconcileArgs),
-    /// Claim events on NATS JetStream.
+    /// Claim events on NATS JetStream
     Events(EventsArgs),
 }
 
@@ -39,48 +51,36 @@ pub enum EventsCommand {
 
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
-    /// Buyers released together, each claiming one unit.
+    /// Buyers released together, each claiming one unit
     #[arg(long, default_value_t = 3000)]
     pub buyers: usize,
-    /// Units in stock.
+    /// Units in stock
     #[arg(long, default_value_t = 500)]
     pub units: i64,
-    /// Hold each won claim this long, then run a checkout: most confirm, some cancel, the rest
-    /// let their holds expire, and buyers who lost take the offers of the waitlist.
+    /// Seconds each won claim is held, then a checkout runs: most confirm, some cancel, the
+    /// rest let their holds expire, and buyers who lost take the offers of the waitlist (0:
+    /// claims are final at once)
     #[arg(long, default_value_t = 0)]
     pub hold_seconds: u64,
-    /// With holds: percent of winners who confirm.
+    /// With holds: percent of winners who confirm
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u8).range(0..=100))]
     pub confirm_percent: u8,
-    /// With holds: percent of winners who cancel (the rest walk away and their holds expire).
+    /// With holds: percent of winners who cancel (the rest walk away and their holds expire)
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u8).range(0..=100))]
     pub cancel_percent: u8,
     #[command(flatten)]
-    pub config: RawConfig,
+    pub stores: StoreArgs,
 }
 
-#[derive(Debug, clap::Args)]
-pub struct TokenArgs {
-    #[arg(long)]
-    pub user: String,
-    /// Mint tokens for `<user>-0` .. `<user>-<count - 1>` instead, one `user<TAB>token` line
-    /// each (the load tools' distinct buyers).
-    #[arg(long)]
-    pub count: Option<u32>,
-    #[arg(long)]
-    pub sku: Option<String>,
-    #[arg(long, default_value_t = 3600)]
-    pub ttl: u64,
-    #[arg(long, env = crate::config::ENV_ADMISSION_SECRET, hide_env_values = true)]
-    pub admission_secret: String,
-}
+pub use token::TokenArgs;
 
 #[derive(Debug, clap::Args)]
 pub struct ReconcileArgs {
+    /// Only this SKU [default: every SKU of the catalog]
     #[arg(long)]
     pub sku: Option<String>,
     #[command(flatten)]
-    pub config: RawConfig,
+    pub stores: StoreArgs,
 }
 
 /// `dropgate serve`: runs until SIGTERM or Ctrl-C, then shuts down gracefully.
@@ -115,25 +115,7 @@ async fn wait_for_signal() {
     }
 }
 
-/// `dropgate reconcile`: prints the table; `Ok(false)` when any SKU does not balance.
-///
-/// # Errors
-/// Connection failures.
-pub async fn reconcile(args: ReconcileArgs) -> anyhow::Result<bool> {
-    let mut raw = args.config;
-    // Reconcile reads; it needs no admission secret.
-    raw.admission_secret
-        .get_or_insert_with(|| "reconcile-needs-no-secret".into());
-    let config = raw.validate()?;
-    let db = crate::db::connect_and_migrate(&config.database_url).await?;
-    let store =
-        crate::store::Store::connect(&config.redis_url, &config.key_prefix, config.redis_timeout)
-            .await?;
-    let catalog = crate::catalog::Catalog::new(db);
-    let views = crate::ledger::accounting(&store, &catalog, args.sku.as_deref()).await?;
-    print!("{}", crate::ledger::table(&views));
-    Ok(views.iter().all(|v| v.consistent))
-}
+pub use reconcile::reconcile;
 
 /// `dropgate events ...`.
 ///

@@ -103,8 +103,8 @@ pub const MAX_HEADER_BYTES: usize = 16 * 1024;
 pub const MAX_CONNECTION_BUFFER_BYTES: usize = MAX_HEADER_BYTES + MAX_BODY_BYTES;
 /// How long a connection past the bound may take to read its 503 before it is dropped.
 pub const REFUSAL_LINGER: Duration = Duration::from_secs(1);
-/// Exit status for a configuration error (sysexits EX_USAGE).
-pub const EXIT_CONFIG: i32 = 64;
+/// Shortest admission secret and admin token accepted.
+pub const MIN_SECRET_BYTES: usize = 16;
 
 /// A value that must never reach a log line.
 #[derive(Clone)]
@@ -125,86 +125,14 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// The raw values as clap read them from flags and the environment.
-#[derive(Debug, Clone, clap::Args)]
-pub struct RawConfig {
-    #[arg(long, env = ENV_LISTEN, default_value = DEFAULT_LISTEN)]
-    pub listen: String,
-    #[arg(long, env = ENV_REDIS_URL, default_value = DEFAULT_REDIS_URL)]
-    pub redis_url: String,
-    #[arg(long, env = ENV_REDIS_WAIT_REPLICAS, default_value = DEFAULT_REDIS_WAIT_REPLICAS)]
-    pub redis_wait_replicas: String,
-    #[arg(long, env = ENV_REDIS_WAIT_MS, default_value = DEFAULT_REDIS_WAIT_MS)]
-    pub redis_wait_ms: String,
-    #[arg(long, env = ENV_DATABASE_URL, default_value = DEFAULT_DATABASE_URL)]
-    pub database_url: String,
-    #[arg(long, env = ENV_KEY_PREFIX, default_value = DEFAULT_KEY_PREFIX)]
-    pub key_prefix: String,
-    #[arg(long, env = ENV_ADMISSION_SECRET, hide_env_values = true)]
-    pub admission_secret: Option<String>,
-    #[arg(long, env = ENV_ADMIN_TOKEN, hide_env_values = true)]
-    pub admin_token: Option<String>,
-    #[arg(long, env = ENV_REPROCESS_MAX_ATTEMPTS, default_value = DEFAULT_REPROCESS_MAX_ATTEMPTS)]
-    pub reprocess_max_attempts: String,
-    #[arg(long, env = ENV_REPROCESS_BACKOFF_MS, default_value = DEFAULT_REPROCESS_BACKOFF_MS)]
-    pub reprocess_backoff_ms: String,
-    #[arg(long, env = ENV_JOURNAL_CLAIM_IDLE_MS, default_value = DEFAULT_JOURNAL_CLAIM_IDLE_MS)]
-    pub journal_claim_idle_ms: String,
-    #[arg(long, env = ENV_REDIS_TIMEOUT_MS, default_value = DEFAULT_REDIS_TIMEOUT_MS)]
-    pub redis_timeout_ms: String,
-    #[arg(long, env = ENV_SHUTDOWN_GRACE_MS, default_value = DEFAULT_SHUTDOWN_GRACE_MS)]
-    pub shutdown_grace_ms: String,
-    #[arg(long, env = ENV_COALESCE, default_value = DEFAULT_COALESCE)]
-    pub coalesce: String,
-    #[arg(long, env = ENV_MAX_QUEUE, default_value = DEFAULT_MAX_QUEUE)]
-    pub max_queue: String,
-    #[arg(long, env = ENV_MAX_CONNECTIONS, default_value = DEFAULT_MAX_CONNECTIONS)]
-    pub max_connections: String,
-    #[arg(long, env = ENV_SKU_GAUGES_INTERVAL_MS, default_value = DEFAULT_SKU_GAUGES_INTERVAL_MS)]
-    pub sku_gauges_interval_ms: String,
-    #[arg(long, env = ENV_SOLD_OUT_TRUST_MS, default_value = DEFAULT_SOLD_OUT_TRUST_MS)]
-    pub sold_out_trust_ms: String,
-    #[arg(long, env = ENV_NATS_URL, hide_env_values = true)]
-    pub nats_url: Option<String>,
-    #[arg(long, env = ENV_NATS_STREAM, default_value = DEFAULT_NATS_STREAM)]
-    pub nats_stream: String,
-    #[arg(long, env = ENV_NATS_SUBJECT_PREFIX, default_value = DEFAULT_NATS_SUBJECT_PREFIX)]
-    pub nats_subject_prefix: String,
-    #[arg(long, env = ENV_NATS_DUPLICATE_WINDOW_SECS, default_value = DEFAULT_NATS_DUPLICATE_WINDOW_SECS)]
-    pub nats_duplicate_window_secs: String,
-    #[arg(long, env = ENV_OUTBOX_RETENTION_SECS, default_value = DEFAULT_OUTBOX_RETENTION_SECS)]
-    pub outbox_retention_secs: String,
-}
+mod checks;
+mod raw;
+#[cfg(test)]
+mod tests;
 
-impl Default for RawConfig {
-    fn default() -> Self {
-        RawConfig {
-            listen: DEFAULT_LISTEN.into(),
-            redis_url: DEFAULT_REDIS_URL.into(),
-            redis_wait_replicas: DEFAULT_REDIS_WAIT_REPLICAS.into(),
-            redis_wait_ms: DEFAULT_REDIS_WAIT_MS.into(),
-            database_url: DEFAULT_DATABASE_URL.into(),
-            key_prefix: DEFAULT_KEY_PREFIX.into(),
-            admission_secret: None,
-            admin_token: None,
-            reprocess_max_attempts: DEFAULT_REPROCESS_MAX_ATTEMPTS.into(),
-            reprocess_backoff_ms: DEFAULT_REPROCESS_BACKOFF_MS.into(),
-            journal_claim_idle_ms: DEFAULT_JOURNAL_CLAIM_IDLE_MS.into(),
-            redis_timeout_ms: DEFAULT_REDIS_TIMEOUT_MS.into(),
-            shutdown_grace_ms: DEFAULT_SHUTDOWN_GRACE_MS.into(),
-            coalesce: DEFAULT_COALESCE.into(),
-            max_queue: DEFAULT_MAX_QUEUE.into(),
-            max_connections: DEFAULT_MAX_CONNECTIONS.into(),
-            sku_gauges_interval_ms: DEFAULT_SKU_GAUGES_INTERVAL_MS.into(),
-            sold_out_trust_ms: DEFAULT_SOLD_OUT_TRUST_MS.into(),
-            nats_url: None,
-            nats_stream: DEFAULT_NATS_STREAM.into(),
-            nats_subject_prefix: DEFAULT_NATS_SUBJECT_PREFIX.into(),
-            nats_duplicate_window_secs: DEFAULT_NATS_DUPLICATE_WINDOW_SECS.into(),
-            outbox_retention_secs: DEFAULT_OUTBOX_RETENTION_SECS.into(),
-        }
-    }
-}
+pub use checks::{admission_secret, check_stream_name, check_subject_prefix};
+use checks::{check_nats_url, parse_listen};
+pub use raw::{RawConfig, StoreArgs};
 
 /// Validated configuration of a gateway.
 #[derive(Debug, Clone)]
@@ -301,24 +229,14 @@ impl RawConfig {
                 "{ENV_KEY_PREFIX}: 1-64 visible ASCII characters without braces"
             ));
         }
-        let secret = match self.admission_secret.as_deref() {
-            Some(s) if s.len() >= 16 => Some(Secret::new(s)),
-            Some(_) => {
-                errors.push(format!(
-                    "{ENV_ADMISSION_SECRET}: at least 16 bytes are required"
-                ));
-                None
-            }
-            None => {
-                errors.push(format!(
-                    "{ENV_ADMISSION_SECRET} is required: the gateway cannot verify buyers without it"
-                ));
-                None
-            }
-        };
+        let secret = checks::admission_secret(self.admission_secret.as_deref())
+            .map_err(|e| errors.push(e))
+            .ok();
         let admin_token = match self.admin_token.as_deref() {
-            Some(t) if t.len() < 16 => {
-                errors.push(format!("{ENV_ADMIN_TOKEN}: at least 16 bytes are required"));
+            Some(t) if t.len() < MIN_SECRET_BYTES => {
+                errors.push(format!(
+                    "{ENV_ADMIN_TOKEN}: at least {MIN_SECRET_BYTES} bytes are required"
+                ));
                 None
             }
             Some(t) => Some(Secret::new(t)),
@@ -422,117 +340,5 @@ impl RawConfig {
             }),
             _ => Err(ConfigErrors(errors)),
         }
-    }
-}
-
-/// Accepts `host:port` and the API.md shorthand `:port` (all of loopback's port).
-fn parse_listen(raw: &str) -> Result<SocketAddr, String> {
-    let full = if raw.starts_with(':') {
-        format!("127.0.0.1{raw}")
-    } else {
-        raw.to_string()
-    };
-    full.parse::<SocketAddr>().map_err(|e| e.to_string())
-}
-
-/// One or more comma-separated `nats://` or `tls://` URLs (what async-nats accepts, minus
-/// the bare `host:port` form, so a typo such as a `redis://` URL is caught here).
-fn check_nats_url(raw: &str) -> Result<(), String> {
-    for url in raw.split(',').map(str::trim) {
-        let rest = url
-            .strip_prefix("nats://")
-            .or_else(|| url.strip_prefix("tls://"))
-            .ok_or("expected nats:// or tls:// URLs, comma-separated")?;
-        if rest.is_empty() {
-            return Err("a URL names no host".into());
-        }
-    }
-    Ok(())
-}
-
-/// JetStream stream names: no whitespace, `.`, `*`, `>`, or path separators.
-pub fn check_stream_name(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= 255
-        && name
-            .chars()
-            .all(|c| c.is_ascii_graphic() && !matches!(c, '.' | '*' | '>' | '/' | '\\'));
-    ok.then_some(())
-        .ok_or_else(|| "1-255 visible ASCII characters without . * > / \\".into())
-}
-
-/// Subject tokens: non-empty, no whitespace, no wildcards.
-pub fn check_subject_prefix(prefix: &str) -> Result<(), String> {
-    let ok = !prefix.is_empty()
-        && prefix.len() <= 128
-        && prefix.split('.').all(|t| {
-            !t.is_empty()
-                && t.chars()
-                    .all(|c| c.is_ascii_graphic() && !matches!(c, '*' | '>'))
-        });
-    ok.then_some(())
-        .ok_or_else(|| "dot-separated tokens of visible ASCII without * or >, 1-128 chars".into())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_error_is_reported_at_once() {
-        let raw = RawConfig {
-            listen: "nonsense".into(),
-            key_prefix: "{bad}".into(),
-            reprocess_max_attempts: "zero".into(),
-            ..RawConfig::default()
-        };
-        let err = raw.validate().unwrap_err();
-        assert_eq!(err.0.len(), 4, "{err}");
-        assert!(err.to_string().contains(ENV_ADMISSION_SECRET));
-    }
-
-    #[test]
-    fn port_shorthand_binds_loopback() {
-        assert_eq!(
-            parse_listen(":0").unwrap(),
-            "127.0.0.1:0".parse::<SocketAddr>().unwrap()
-        );
-    }
-
-    #[test]
-    fn nats_settings_are_checked_with_the_rest() {
-        let raw = RawConfig {
-            nats_url: Some("redis://x".into()),
-            nats_stream: "a.b".into(),
-            nats_subject_prefix: "shop..drops".into(),
-            outbox_retention_secs: "-1".into(),
-            admission_secret: Some("0123456789abcdef".into()),
-            ..RawConfig::default()
-        };
-        let err = raw.validate().unwrap_err();
-        assert_eq!(err.0.len(), 4, "{err}");
-        let ok = RawConfig {
-            nats_url: Some("nats://127.0.0.1:4222,tls://b:4222".into()),
-            nats_subject_prefix: "shop.dropgate".into(),
-            admission_secret: Some("0123456789abcdef".into()),
-            ..RawConfig::default()
-        };
-        let config = ok.validate().unwrap();
-        let nats = config.nats.unwrap();
-        assert_eq!(nats.stream, DEFAULT_NATS_STREAM);
-        assert!(!format!("{nats:?}").contains("127.0.0.1"));
-        assert!(RawConfig {
-            admission_secret: Some("0123456789abcdef".into()),
-            ..RawConfig::default()
-        }
-        .validate()
-        .unwrap()
-        .nats
-        .is_none());
-    }
-
-    #[test]
-    fn secrets_never_print() {
-        assert_eq!(format!("{:?}", Secret::new("hunter2")), "Secret(***)");
     }
 }

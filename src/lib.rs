@@ -63,7 +63,8 @@
 //!   the salts chosen at the first declare on a cluster so the shards sit on different
 //!   masters (`shards/placement.rs`).
 //! - [`config`], [`db`] (the ledger's pool and the request path's, kept apart), [`metrics`],
-//!   [`app`] (build, bind, run), [`cli`] (subcommands).
+//!   [`app`] (build, bind, run), [`cli`] (subcommands), [`startup`] (start-up failures said
+//!   once, without passwords, and their exit statuses).
 //!
 //! # The path of a claim
 //!
@@ -115,5 +116,6 @@ pub mod scripts;
 pub mod settle;
 pub mod shards;
 pub mod soldout;
+pub mod startup;
 pub mod store;
 pub mod writer;

@@ -1,11 +1,13 @@
-//! The `dropgate` binary: parse the command line, set up logging, run the subcommand.
+//! The `dropgate` binary: parse the command line, set up logging, run the subcommand, and
+//! turn its failure into one message on stderr and an exit status of its own (docs/cli.md).
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
 use dropgate::cli::{Cli, Command};
-use dropgate::config::{Secret, ENV_LOG_JSON, EXIT_CONFIG};
-use tracing_subscriber::fmt::writer::BoxMakeWriter;
+use dropgate::config::ENV_LOG_JSON;
+use dropgate::startup::{explain, Exit};
 use tracing_subscriber::EnvFilter;
 
 /// mimalloc instead of glibc malloc: the hot path allocates small buffers per request, and
@@ -16,16 +18,24 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let json = std::env::var(ENV_LOG_JSON).is_ok_and(|v| v == "1");
+    if matches!(cli.command, Command::Demo(_) | Command::Events(_)) {
+        // Their output is a stream a reader may stop reading (`demo | head -3`): the default
+        // SIGPIPE ends them quietly, as it ends `cat`, instead of a panic in `println!`.
+        // Sockets are unaffected (Rust writes to them with MSG_NOSIGNAL).
+        // SAFETY: called first thing, before any other thread exists.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    // `events tail` writes events to stdout, one JSON line each: its log goes to stderr.
-    let writer = if matches!(cli.command, Command::Events(_)) {
-        BoxMakeWriter::new(std::io::stderr)
-    } else {
-        BoxMakeWriter::new(std::io::stdout)
-    };
+    // Logs go to stderr, always: stdout carries only the command's output (demo's summary,
+    // reconcile's table, tokens, events), so it can be piped. Colour only on a terminal that
+    // does not ask for none.
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let subscriber = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(writer);
+        .with_writer(std::io::stderr)
+        .with_ansi(colour);
     if json {
         subscriber.json().init();
     } else {
@@ -33,67 +43,39 @@ fn main() -> ExitCode {
     }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(e) => return fail(Exit::Other, &format!("cannot start the runtime: {e}"), json),
     };
-    match cli.command {
-        Command::Token(t) => match mint_tokens(&t) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("cannot mint a token: {e}");
-                ExitCode::FAILURE
-            }
-        },
+    let result = match cli.command {
+        Command::Token(t) => dropgate::cli::token::run(&t).map_err(anyhow::Error::from),
         Command::Serve(raw) => match raw.validate() {
-            Err(e) => {
-                eprintln!("{e}");
-                ExitCode::from(EXIT_CONFIG as u8)
-            }
-            Ok(config) => report(runtime.block_on(dropgate::cli::serve(config))),
+            Err(e) => Err(e.into()),
+            Ok(config) => runtime.block_on(dropgate::cli::serve(config)),
         },
-        Command::Demo(args) => report(runtime.block_on(dropgate::demo::run(args))),
-        Command::Events(args) => report(runtime.block_on(dropgate::cli::events(args))),
+        Command::Demo(args) => runtime.block_on(dropgate::demo::run(args)),
+        Command::Events(args) => runtime.block_on(dropgate::cli::events(args)),
         Command::Reconcile(args) => match runtime.block_on(dropgate::cli::reconcile(args)) {
-            Ok(true) => ExitCode::SUCCESS,
-            Ok(false) => ExitCode::from(1),
-            Err(e) => {
-                eprintln!("reconcile failed: {e:#}");
-                ExitCode::from(2)
-            }
+            Ok(true) => Ok(()),
+            Ok(false) => return ExitCode::from(Exit::Mismatch.code()),
+            Err(e) => Err(e),
         },
-    }
-}
-
-fn report(r: anyhow::Result<()>) -> ExitCode {
-    match r {
+    };
+    // Dropping the runtime here would wait for tasks still blocked on a dead connection.
+    runtime.shutdown_background();
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            let (exit, message) = explain(&e);
+            fail(exit, &message, json)
         }
     }
 }
 
-/// `dropgate token`: one token, or `--count` of them for distinct users.
-fn mint_tokens(t: &dropgate::cli::TokenArgs) -> anyhow::Result<()> {
-    use std::io::Write;
-    let secret = Secret::new(t.admission_secret.clone());
-    let Some(count) = t.count else {
-        println!(
-            "{}",
-            dropgate::auth::mint(&secret, &t.user, t.sku.as_deref(), t.ttl)?
-        );
-        return Ok(());
-    };
-    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    for i in 0..count {
-        let user = format!("{}-{i}", t.user);
-        let token = dropgate::auth::mint(&secret, &user, t.sku.as_deref(), t.ttl)?;
-        writeln!(out, "{user}\t{token}")?;
+/// Says a failure once: as a JSON log line for a log shipper, else as plain text.
+fn fail(exit: Exit, message: &str, json: bool) -> ExitCode {
+    if json {
+        tracing::error!(exit = exit.code(), "{message}");
+    } else {
+        eprintln!("error: {message}");
     }
-    out.flush()?;
-    Ok(())
+    ExitCode::from(exit.code())
 }

@@ -14,11 +14,11 @@ use crate::cli::DemoArgs;
 mod checkout;
 
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
-    let mut raw = args.config;
-    let secret = format!("demo-{}", uuid::Uuid::new_v4().simple());
-    let admin = format!("admin-{}", uuid::Uuid::new_v4().simple());
-    raw.admission_secret.get_or_insert(secret);
-    raw.admin_token.get_or_insert(admin);
+    // A gateway of its own: the stores given, every other setting at its default, and a
+    // secret and admin token nobody else knows.
+    let mut raw = args.stores.clone().into_raw();
+    raw.admission_secret = Some(format!("demo-{}", uuid::Uuid::new_v4().simple()));
+    raw.admin_token = Some(format!("admin-{}", uuid::Uuid::new_v4().simple()));
     raw.listen = "127.0.0.1:0".into();
     let config = raw.validate()?;
     let secret = config.admission_secret.clone();
@@ -176,15 +176,28 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             view["waiting"],
             args.units
         );
-        anyhow::ensure!(
+        return balanced(
             won == expected_won && view["consistent"] == true,
-            "the drop did not balance: won {won}, expected {expected_won}"
+            won,
+            expected_won,
         );
+    }
+    balanced(
+        won == expected_won && view["recorded"] == expected_won && view["consistent"] == true,
+        won,
+        expected_won,
+    )
+}
+
+/// The verdict: a drop that did not balance exits 1, like a reconcile that finds a mismatch.
+fn balanced(ok: bool, won: i64, expected: i64) -> anyhow::Result<()> {
+    use crate::startup::{Exit, Failure};
+    if ok {
         return Ok(());
     }
-    anyhow::ensure!(
-        won == expected_won && view["recorded"] == expected_won && view["consistent"] == true,
-        "the drop did not balance: won {won}, expected {expected_won}"
-    );
-    Ok(())
+    Err(Failure::new(
+        Exit::Mismatch,
+        format!("the drop did not balance: won {won}, expected {expected}"),
+    )
+    .into())
 }

@@ -154,6 +154,16 @@ pub(super) async fn restore(
             ))
         }
     };
-    let v = crate::restore::restore(&state.store, &state.catalog, sku, force).await?;
+    let v = crate::restore::restore(&state.store, &state.catalog, sku, force)
+        .await
+        .map_err(|e| match ApiError::from(e) {
+            // A restore's own case of the code: the state is live, and force replaces it.
+            ApiError::StatePresent(_) => ApiError::StatePresent(
+                "Redis still holds this SKU's state: a restore would replace its stock, \
+                 per-user counts and holds with the ledger's. If that is what you want (a state \
+                 known to be wrong), POST /admin/skus/{sku}/restore?force=true",
+            ),
+            other => other,
+        })?;
     Ok(json(StatusCode::OK, &v))
 }

@@ -10,26 +10,33 @@ use uuid::Uuid;
 use super::problem::{ApiError, Body};
 use super::routes::{check_sku, header, json, Result};
 use crate::app::AppState;
+use crate::auth::{AuthError, Buyer};
 use crate::lifecycle::holds::{self, HoldAnswer, HoldOp};
 use crate::lifecycle::waitlist::{self, Joined, Left};
 
-/// The caller: `None` for the admin (who may act on any claim or entry), else the buyer.
-/// `sku`: the SKU the request is about, when the path names it (a token for another SKU is
-/// refused).
-pub(super) fn caller(
-    state: &AppState,
-    req: &Request<Incoming>,
-    sku: Option<&str>,
-) -> Result<Option<String>> {
+/// The caller: `None` for the admin (who may act on any claim or entry), else the buyer and
+/// the SKU the token is limited to (checked against the claim's or entry's by the handler).
+pub(super) fn caller(state: &AppState, req: &Request<Incoming>) -> Result<Option<Buyer>> {
     let auth = header(req, AUTHORIZATION.as_str());
     if state.verifier.is_admin(auth) {
         return Ok(None);
     }
     state
         .verifier
-        .buyer(auth, sku)
+        .identify(auth)
         .map(Some)
-        .map_err(|_| ApiError::Unauthorized)
+        .map_err(ApiError::Unauthorized)
+}
+
+/// Whether a token limited to a SKU may act on the claim or entry `id`: its id carries its
+/// SKU's tag ([`crate::ids`]), so the check comes before anything is read or changed. The
+/// admin's and an unscoped token's: always.
+async fn in_scope(state: &AppState, caller: Option<&Buyer>, id: &Uuid) -> Result<bool> {
+    let Some(scope) = caller.and_then(|b| b.sku.as_deref()) else {
+        return Ok(true);
+    };
+    let sku = crate::lifecycle::sku_of(&state.catalog, id).await?;
+    Ok(sku.is_some_and(|s| s.sku == scope))
 }
 
 pub(super) async fn decide_hold(
@@ -38,9 +45,13 @@ pub(super) async fn decide_hold(
     req: &Request<Incoming>,
     op: HoldOp,
 ) -> Result<Response<Body>> {
-    let caller = caller(state, req, None)?;
+    let caller = caller(state, req)?;
     let id = Uuid::parse_str(id).map_err(|_| ApiError::UnknownClaim)?;
-    let answer = holds::decide(&state.store, &state.catalog, id, caller.as_deref(), op).await?;
+    if !in_scope(state, caller.as_ref(), &id).await? {
+        return Err(ApiError::UnknownClaim);
+    }
+    let user = caller.as_ref().map(|b| b.user.as_str());
+    let answer = holds::decide(&state.store, &state.catalog, id, user, op).await?;
     match answer {
         HoldAnswer::NotFound => return Err(ApiError::UnknownClaim),
         HoldAnswer::Refused(status) => return Err(refusal(&status)),
@@ -76,9 +87,13 @@ pub(super) async fn join_waitlist(
     sku: &str,
     req: &Request<Incoming>,
 ) -> Result<Response<Body>> {
-    let user = caller(state, req, Some(sku))?.ok_or_else(|| {
+    let buyer = caller(state, req)?.ok_or_else(|| {
         ApiError::BadRequest("joining a waitlist takes a buyer's admission token".into())
     })?;
+    if !buyer.may_act_on(sku) {
+        return Err(ApiError::Unauthorized(AuthError::WrongSku));
+    }
+    let user = buyer.user;
     check_sku(sku)?;
     let entry = state
         .catalog
@@ -107,8 +122,8 @@ pub(super) async fn get_entry(
     id: &str,
     req: &Request<Incoming>,
 ) -> Result<Response<Body>> {
-    let (caller, id) = entry_request(state, id, req)?;
-    entry_view(state, id, caller.as_deref()).await
+    let (caller, id) = entry_request(state, id, req).await?;
+    entry_view(state, id, caller.as_ref()).await
 }
 
 pub(super) async fn leave_waitlist(
@@ -116,28 +131,35 @@ pub(super) async fn leave_waitlist(
     id: &str,
     req: &Request<Incoming>,
 ) -> Result<Response<Body>> {
-    let (caller, id) = entry_request(state, id, req)?;
-    match waitlist::leave(&state.store, &state.catalog, id, caller.as_deref()).await? {
+    let (caller, id) = entry_request(state, id, req).await?;
+    let user = caller.as_ref().map(|b| b.user.as_str());
+    match waitlist::leave(&state.store, &state.catalog, id, user).await? {
         Left::NotFound => Err(ApiError::UnknownEntry),
-        Left::Left | Left::Ended => entry_view(state, id, caller.as_deref()).await,
+        Left::Left | Left::Ended => entry_view(state, id, caller.as_ref()).await,
     }
 }
 
-/// The caller and the entry id of a request naming an entry (an id that is no UUID: 404).
-fn entry_request(
+/// The caller and the entry id of a request naming an entry (an id that is no UUID, or an
+/// entry of a SKU the token is not for: 404).
+async fn entry_request(
     state: &AppState,
     id: &str,
     req: &Request<Incoming>,
-) -> Result<(Option<String>, Uuid)> {
-    let caller = caller(state, req, None)?;
+) -> Result<(Option<Buyer>, Uuid)> {
+    let caller = caller(state, req)?;
     let id = Uuid::parse_str(id).map_err(|_| ApiError::UnknownEntry)?;
+    if !in_scope(state, caller.as_ref(), &id).await? {
+        return Err(ApiError::UnknownEntry);
+    }
     Ok((caller, id))
 }
 
 /// The entry as its owner (or the admin) sees it; 404 for anyone else.
-async fn entry_view(state: &AppState, id: Uuid, caller: Option<&str>) -> Result<Response<Body>> {
-    let view = waitlist::find(&state.store, &state.catalog, id, caller)
+async fn entry_view(state: &AppState, id: Uuid, caller: Option<&Buyer>) -> Result<Response<Body>> {
+    let user = caller.map(|b| b.user.as_str());
+    let view = waitlist::find(&state.store, &state.catalog, id, user)
         .await?
+        .filter(|v| caller.is_none_or(|b| b.may_act_on(&v.sku)))
         .ok_or(ApiError::UnknownEntry)?;
     Ok(json(StatusCode::OK, &view))
 }

@@ -11,6 +11,7 @@ mod limits;
 mod live;
 mod openapi;
 mod problem;
+mod problems;
 mod router;
 mod routes;
 

@@ -9,15 +9,18 @@ use std::convert::Infallible;
 
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{Either, Full};
-use hyper::header::{HeaderMap, HeaderValue, CONNECTION, CONTENT_TYPE, RETRY_AFTER};
+use hyper::header::{
+    HeaderMap, HeaderValue, CONNECTION, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE,
+};
 use hyper::{Response, StatusCode};
 use parking_lot::RwLock;
 use serde::Serialize;
 
-use crate::catalog::CatalogError;
+use crate::auth::AuthError;
 use crate::config::BODY_READ_TIMEOUT;
 use crate::error::{DbError, StoreError};
-use crate::inventory::{InventoryError, Refusal};
+
+mod convert;
 
 /// A response body: whole (every answer but one), or a stream (`/admin/live/stream`). The
 /// `Either` keeps the hot path's bodies unboxed.
@@ -32,7 +35,8 @@ pub fn full(bytes: Bytes) -> Body {
 #[derive(Debug)]
 pub enum ApiError {
     BadRequest(String),
-    Unauthorized,
+    /// 401 with `WWW-Authenticate: Bearer` and the reason as the detail.
+    Unauthorized(AuthError),
     NotFound,
     UnknownSku,
     UnknownClaim,
@@ -43,7 +47,9 @@ pub enum ApiError {
     KeyReused,
     SkuExists,
     InsufficientStock,
-    StatePresent,
+    /// Redis holds the SKU's state: the detail says what the operator can do about it, which
+    /// differs between a declare and a restore.
+    StatePresent(&'static str),
     /// The sale window has not opened / has closed.
     NotOpen,
     Closed,
@@ -88,11 +94,11 @@ struct Problem<'a> {
 }
 
 impl ApiError {
-    fn parts(&self) -> (StatusCode, &'static str, &'static str) {
+    pub(super) fn parts(&self) -> (StatusCode, &'static str, &'static str) {
         use ApiError::*;
         match self {
             BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request", "Bad request"),
-            Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized"),
+            Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized"),
             NotFound => (StatusCode::NOT_FOUND, "not_found", "Not found"),
             UnknownSku => (StatusCode::NOT_FOUND, "unknown_sku", "Unknown SKU"),
             UnknownClaim => (StatusCode::NOT_FOUND, "unknown_claim", "Unknown claim"),
@@ -127,7 +133,7 @@ impl ApiError {
                 "insufficient_stock",
                 "Remaining stock would go below 0",
             ),
-            StatePresent => (
+            StatePresent(_) => (
                 StatusCode::CONFLICT,
                 "state_present",
                 "Redis still holds this SKU's state",
@@ -233,9 +239,14 @@ impl ApiError {
                 "the body must arrive within {} s of the headers",
                 BODY_READ_TIMEOUT.as_secs()
             )),
-            ApiError::Unavailable(StoreError::SkuLost) => {
-                Some("the SKU's stock is not available; retry later".into())
-            }
+            ApiError::Unauthorized(why) => Some(why.to_string()),
+            ApiError::StatePresent(what) => Some((*what).into()),
+            // Nothing comes back by waiting: an operator must rebuild the SKU from the ledger.
+            ApiError::Unavailable(StoreError::SkuLost) => Some(
+                "Redis holds no state for this SKU (it lost its data): claims fail closed until \
+                 an operator restores it (POST /admin/skus/{sku}/restore)"
+                    .into(),
+            ),
             ApiError::Unavailable(StoreError::Stale) => Some(
                 "redis holds an older state of this SKU than the ledger; closed until restore"
                     .into(),
@@ -278,6 +289,9 @@ impl ApiError {
             ApiError::MethodNotAllowed(allow) => {
                 h.insert(hyper::header::ALLOW, HeaderValue::from_static(allow));
             }
+            ApiError::Unauthorized(why) => {
+                h.insert(WWW_AUTHENTICATE, challenge(why));
+            }
             // The rest of the body is never read: the connection cannot carry another request.
             ApiError::RequestTimeout => {
                 h.insert(CONNECTION, HeaderValue::from_static("close"));
@@ -293,6 +307,17 @@ impl ApiError {
     }
 }
 
+/// The RFC 6750 challenge of a 401: no error code when no token came, `invalid_token` with
+/// the reason otherwise (every reason is plain ASCII without quotes, as the grammar needs).
+fn challenge(why: AuthError) -> HeaderValue {
+    let value = if why.had_credentials() {
+        format!(r#"Bearer realm="dropgate", error="invalid_token", error_description="{why}""#)
+    } else {
+        r#"Bearer realm="dropgate""#.to_string()
+    };
+    HeaderValue::from_str(&value).unwrap_or(HeaderValue::from_static("Bearer"))
+}
+
 fn problem_body(
     status: StatusCode,
     code: &str,
@@ -301,7 +326,7 @@ fn problem_body(
     claim_id: Option<uuid::Uuid>,
 ) -> Bytes {
     let body = Problem {
-        kind: format!("/problems/{}", code.replace('_', "-")),
+        kind: type_uri(code),
         title,
         status: status.as_u16(),
         code,
@@ -323,47 +348,8 @@ fn plain_body(status: StatusCode, code: &'static str, title: &'static str) -> By
     b
 }
 
-impl From<StoreError> for ApiError {
-    fn from(e: StoreError) -> Self {
-        ApiError::Unavailable(e)
-    }
-}
-
-impl From<CatalogError> for ApiError {
-    fn from(e: CatalogError) -> Self {
-        match e {
-            CatalogError::Db(e) => ApiError::Database(e),
-            CatalogError::Busy => ApiError::Overloaded,
-        }
-    }
-}
-
-impl From<DbError> for ApiError {
-    fn from(e: DbError) -> Self {
-        ApiError::Database(e)
-    }
-}
-
-impl From<crate::lifecycle::LifecycleError> for ApiError {
-    fn from(e: crate::lifecycle::LifecycleError) -> Self {
-        use crate::lifecycle::LifecycleError as L;
-        match e {
-            L::Store(e) => e.into(),
-            L::Db(e) => e.into(),
-            L::Catalog(e) => e.into(),
-        }
-    }
-}
-
-impl From<InventoryError> for ApiError {
-    fn from(e: InventoryError) -> Self {
-        match e {
-            InventoryError::Refused(Refusal::UnknownSku) => ApiError::UnknownSku,
-            InventoryError::Refused(Refusal::SkuExists) => ApiError::SkuExists,
-            InventoryError::Refused(Refusal::InsufficientStock) => ApiError::InsufficientStock,
-            InventoryError::Refused(Refusal::StatePresent) => ApiError::StatePresent,
-            InventoryError::Store(e) => ApiError::Unavailable(e),
-            InventoryError::Db(e) => ApiError::Database(e),
-        }
-    }
+/// The problem's `type`: `/problems/<code with - for _>`, a page the gateway serves
+/// ([`super::problems`]), so the reference resolves against the answer's own URL.
+pub fn type_uri(code: &str) -> String {
+    format!("/problems/{}", code.replace('_', "-"))
 }

@@ -11,7 +11,7 @@ use hyper::{Request, Response, StatusCode};
 
 use super::problem::{ApiError, Body};
 use super::routes::{self, json, Result};
-use super::{admin, lifecycle, live, openapi};
+use super::{admin, lifecycle, live, openapi, problems};
 use crate::app::AppState;
 use crate::lifecycle::holds::HoldOp;
 
@@ -67,6 +67,7 @@ pub const ROUTES: &[Route] = &[
     r("/admin/live", "GET"),
     r("/admin/live/stream", "GET"),
     r("/openapi.json", "GET"),
+    r("/problems/{problem}", "GET"),
     r("/healthz", "GET"),
     r("/readyz", "GET"),
     r("/metrics", "GET"),
@@ -123,6 +124,7 @@ async fn route(state: &Arc<AppState>, req: Request<Incoming>) -> Result<Response
         ("/admin/live", "GET") => Ok(live::page()),
         ("/admin/live/stream", "GET") => live::stream(state, &req),
         ("/openapi.json", "GET") => Ok(openapi::document()),
+        ("/problems/{problem}", "GET") => problems::page(p(0)),
         ("/healthz", "GET") => Ok(json(StatusCode::OK, &routes::Status { status: "ok" })),
         ("/readyz", "GET") => Ok(routes::readyz(state).await),
         ("/metrics", "GET") => Ok(routes::metrics(state)),

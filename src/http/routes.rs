@@ -48,7 +48,7 @@ pub(super) async fn claim(
     let user = state
         .verifier
         .buyer(header(&req, AUTHORIZATION.as_str()), Some(sku))
-        .map_err(|_| ApiError::Unauthorized)?;
+        .map_err(ApiError::Unauthorized)?;
     check_sku(sku)?;
     let idempotency_key = idempotency_key(&req)?;
     let quantity = claim_quantity(&read_body(req).await?)?;
@@ -196,32 +196,28 @@ pub(super) async fn get_claim(
     id: &str,
     req: &Request<Incoming>,
 ) -> Result<Response<Body>> {
-    let auth = header(req, AUTHORIZATION.as_str());
-    let admin = state.verifier.is_admin(auth);
-    let user = if admin {
-        None
-    } else {
-        Some(
-            state
-                .verifier
-                .buyer(auth, None)
-                .map_err(|_| ApiError::Unauthorized)?,
-        )
+    let caller = super::lifecycle::caller(state, req)?;
+    // Whether the claim is the caller's: the admin's every one; a buyer's own, of the SKU
+    // the token is for (another SKU's claim is as a stranger's).
+    let owns = |owner: &str, sku: &str| {
+        caller
+            .as_ref()
+            .is_none_or(|b| b.user == owner && b.may_act_on(sku))
     };
     let id = Uuid::parse_str(id).map_err(|_| ApiError::UnknownClaim)?;
     // A claim this gateway still settles stays unknown here, whatever Redis's record says: a
     // win there that no replica acknowledged yet could still be taken back by a failover.
     if let Some(c) = state.claims.settler().lookup(&id) {
-        if c.state == Settled::Pending && user.as_deref().is_none_or(|u| u == c.user) {
+        if c.state == Settled::Pending && owns(&c.user, &c.sku) {
             return Err(ApiError::OutcomeUnknown(id));
         }
     }
     let claim = match holds::find_claim(&state.store, &state.catalog, id).await? {
         Some(c) => c,
-        None => unsettled_claim(state, id, user.as_deref())?,
+        None => unsettled_claim(state, id, &owns)?,
     };
     // Someone else's claim is indistinguishable from a missing one.
-    if user.is_some_and(|u| u != claim.user) {
+    if !owns(&claim.user, &claim.sku) {
         return Err(ApiError::UnknownClaim);
     }
     Ok(json(StatusCode::OK, &claim))
@@ -229,12 +225,17 @@ pub(super) async fn get_claim(
 
 /// A claim the ledger does not hold (yet), as this gateway's settler knows it: still unknown
 /// (503 `outcome_unknown` again), won and not yet written, or fenced (404).
-fn unsettled_claim(state: &AppState, id: Uuid, user: Option<&str>) -> Result<ledger::ClaimRow> {
+/// `owns` tells whether a claim of (user, SKU) is the caller's.
+fn unsettled_claim(
+    state: &AppState,
+    id: Uuid,
+    owns: &dyn Fn(&str, &str) -> bool,
+) -> Result<ledger::ClaimRow> {
     let c = state
         .claims
         .settler()
         .lookup(&id)
-        .filter(|c| user.is_none_or(|u| u == c.user))
+        .filter(|c| owns(&c.user, &c.sku))
         .ok_or(ApiError::UnknownClaim)?;
     match c.state {
         Settled::Pending => Err(ApiError::OutcomeUnknown(id)),
@@ -316,11 +317,10 @@ pub(super) fn metrics(state: &AppState) -> Response<Body> {
 // === helpers ===
 
 pub(super) fn admin(state: &AppState, req: &Request<Incoming>) -> Result<()> {
-    if state.verifier.is_admin(header(req, AUTHORIZATION.as_str())) {
-        Ok(())
-    } else {
-        Err(ApiError::Unauthorized)
-    }
+    state
+        .verifier
+        .admin(header(req, AUTHORIZATION.as_str()))
+        .map_err(ApiError::Unauthorized)
 }
 
 pub(super) fn check_sku(sku: &str) -> Result<()> {

@@ -27,10 +27,13 @@ pub struct TailArgs {
     /// Exit after this many events (default: run until Ctrl-C).
     #[arg(long)]
     pub count: Option<u64>,
+    /// NATS server(s) to read from, nats:// or tls://, comma-separated
     #[arg(long, env = crate::config::ENV_NATS_URL, default_value = crate::config::DEFAULT_TAIL_NATS_URL, hide_env_values = true)]
     pub nats_url: String,
+    /// JetStream stream of the claim events (the gateways' DROPGATE_NATS_STREAM)
     #[arg(long, env = crate::config::ENV_NATS_STREAM, default_value = crate::config::DEFAULT_NATS_STREAM)]
     pub nats_stream: String,
+    /// First token(s) of the event subjects (the gateways' DROPGATE_NATS_SUBJECT_PREFIX)
     #[arg(long, env = crate::config::ENV_NATS_SUBJECT_PREFIX, default_value = crate::config::DEFAULT_NATS_SUBJECT_PREFIX)]
     pub nats_subject_prefix: String,
 }

@@ -315,7 +315,7 @@ impl PrivateCluster {
         for node in &mut cluster.nodes {
             node.wait_up().await;
         }
-        let out = tokio::process::Command::new("redis-cli")
+        let out = tokio::process::Command::new(crate::tools::require("redis-cli", "redis-tools"))
             .arg("--cluster")
             .arg("create")
             .args(

@@ -111,7 +111,9 @@ async fn the_live_page_renders_a_running_drop_in_headless_chromium() {
     });
 
     let shot = screenshot_path();
-    let out = tokio::process::Command::new("python3")
+    // Installed from Debian's packages when missing (README: the tests need nothing else).
+    crate::tools::require("chromium", "chromium");
+    let out = tokio::process::Command::new(crate::tools::require("python3", "python3"))
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/live/drive_page.py"

@@ -61,7 +61,8 @@ async fn every_route_is_served_and_every_other_method_is_405() {
         let path = route
             .path
             .replace("{sku}", "probe-1")
-            .replace("{claim_id}", "0193a1b2-0000-7000-8000-000000000000");
+            .replace("{claim_id}", "0193a1b2-0000-7000-8000-000000000000")
+            .replace("{problem}", "sold-out");
         for method in METHODS {
             // No credentials: nothing a probe sends can change anything.
             let r = app

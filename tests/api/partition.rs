@@ -21,7 +21,7 @@ use crate::services::{GatewayProcess, PrivatePostgres};
 
 /// Runs `ip` with `args`; panics with its stderr when it fails.
 fn ip(args: &[&str]) {
-    let out = Command::new("ip")
+    let out = Command::new(crate::tools::require("ip", "iproute2"))
         .args(args)
         .output()
         .expect("iproute2 is installed");

@@ -349,14 +349,17 @@ impl GatewayProcess {
             .env("DROPGATE_REDIS_TIMEOUT_MS", "2000")
             .env("DROPGATE_JOURNAL_CLAIM_IDLE_MS", "1000")
             .env("DROPGATE_REPROCESS_BACKOFF_MS", "50")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            // The log is on stderr (stdout carries only a command's output).
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
             .kill_on_drop(true);
         for (k, v) in env {
             cmd.env(k, v);
         }
         let mut child = cmd.spawn().expect("the dropgate binary starts");
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        // The lines before the address, to say why a gateway that exited did.
+        let mut before = Vec::new();
         let addr = tokio::time::timeout(Duration::from_secs(60), async {
             while let Ok(Some(line)) = lines.next_line().await {
                 if let Some(rest) = line.split("listening on ").nth(1) {
@@ -365,12 +368,13 @@ impl GatewayProcess {
                         .next()
                         .and_then(|a| a.parse::<SocketAddr>().ok());
                 }
+                before.push(line);
             }
             None
         })
         .await
         .map_err(|_| "the gateway did not log its address within 60 s".to_string())?
-        .ok_or_else(|| "the gateway exited before listening".to_string())?;
+        .ok_or_else(|| format!("the gateway exited before listening: {}", before.join("\n")))?;
         // Keep reading, so a full pipe never blocks the gateway's logging.
         // DROPGATE_TEST_ECHO=1 shows the gateway's log, for debugging a failed run.
         let echo = std::env::var("DROPGATE_TEST_ECHO").is_ok_and(|v| v == "1");
@@ -430,7 +434,7 @@ impl PrivateNats {
     }
 
     pub async fn restart(&mut self) {
-        let child = std::process::Command::new("nats-server")
+        let child = std::process::Command::new(crate::tools::require("nats-server", "nats-server"))
             .args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string()])
             .arg("-sd")
             .arg(&self.dir)

@@ -1,0 +1,61 @@
+//! `dropgate reconcile`: every SKU's accounting as a table, and whether the books balance.
+//! Read-only (API.md): it opens the database the URL names and reads it; a missing database,
+//! or one without this version's schema, is an error that says so, never a database created
+//! or migrated on the spot (a mistyped `DATABASE_URL` once printed an empty table and exit 0).
+
+use std::io::Write;
+
+use super::token::quiet_end;
+use super::ReconcileArgs;
+use crate::inventory::{InventoryError, Refusal};
+use crate::startup::{redact, Exit, Failure};
+
+/// Prints the table; `Ok(false)` when any SKU does not balance. A reader that goes away
+/// (`| head -2`) ends the output quietly and the verdict stands.
+///
+/// # Errors
+/// The [`Failure`] of the database, of Redis, or of an unknown `--sku`.
+pub async fn reconcile(args: ReconcileArgs) -> anyhow::Result<bool> {
+    let stores = args.stores;
+    if let Some(sku) = &args.sku {
+        if !crate::catalog::valid_sku_id(sku) {
+            return Err(Failure::new(
+                Exit::Config,
+                "--sku: a SKU id matches ^[A-Za-z0-9._-]{1,64}$",
+            )
+            .into());
+        }
+    }
+    // A one-off reader: the gateway's default bound of a call.
+    let timeout = std::time::Duration::from_millis(
+        crate::config::DEFAULT_REDIS_TIMEOUT_MS
+            .parse()
+            .unwrap_or(250),
+    );
+    let db = crate::db::connect_existing(&stores.database_url).await?;
+    let store = crate::store::Store::connect(&stores.redis_url, &stores.key_prefix, timeout)
+        .await
+        .map_err(|e| Failure::redis(&stores.redis_url, &e))?;
+    let catalog = crate::catalog::Catalog::new(db);
+    let views = match crate::ledger::accounting(&store, &catalog, args.sku.as_deref()).await {
+        Ok(v) => v,
+        Err(InventoryError::Refused(Refusal::UnknownSku)) => {
+            return Err(Failure::new(
+                Exit::UnknownSku,
+                format!(
+                    "no SKU \"{}\" in the catalog of {}: check the id (reconcile without --sku \
+                     lists every SKU)",
+                    args.sku.as_deref().unwrap_or_default(),
+                    redact(&stores.database_url)
+                ),
+            )
+            .into())
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let balanced = views.iter().all(|v| v.consistent);
+    let table = crate::ledger::table(&views);
+    let mut out = std::io::stdout().lock();
+    quiet_end(out.write_all(table.as_bytes()).and_then(|()| out.flush()))?;
+    Ok(balanced)
+}
