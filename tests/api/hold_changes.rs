@@ -210,3 +210,61 @@ async fn a_gateway_30_s_fast_that_takes_over_applies_each_expiry_to_its_win() {
     // The clock really was fast in the gateway that took over (else this proves nothing).
     assert!((28..=32).contains(&offset), "clock offset {offset} s");
 }
+
+/// A change whose win will never reach the ledger (its entry cannot be read, so it is
+/// quarantined without a claim id) waits only while that entry is unacknowledged, here in the
+/// pending list of a consumer that is gone, and is acknowledged once the entry is quarantined:
+/// decided from the journal, not after a time. The writer goes on with the SKU meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_whose_win_is_unreadable_waits_for_its_quarantine_and_no_longer() {
+    let app = spawn_app().await;
+    let r = declare_with(&app, "orphan", json!({"total": 10, "hold_seconds": 600})).await;
+    assert_eq!(r.status(), 201);
+    let keys = dropgate::keys::SkuKeys::new(&app.probe.prefix, "orphan");
+    let claim = Uuid::now_v7();
+    let change = format!("{claim}|cancelled|1|{}|2", dropgate::claims::now_ms());
+    let mut con = app.probe.redis.clone();
+    // As end_hold writes a cancel: the unit leaves `inflight` until the change is written.
+    // The garbled win is delivered to a consumer that never comes back; the change is not.
+    let _: redis::Value = redis::pipe()
+        .atomic()
+        .hincr(keys.state(), "inflight", -1)
+        .cmd("XADD")
+        .arg(keys.journal())
+        .arg("*")
+        .arg("c")
+        .arg(b"\xff\xfe not a winner".as_slice())
+        .cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("writers")
+        .arg("gone")
+        .arg("COUNT")
+        .arg(1)
+        .arg("STREAMS")
+        .arg(keys.journal())
+        .arg(">")
+        .cmd("XADD")
+        .arg(keys.journal())
+        .arg("*")
+        .arg("s")
+        .arg(&change)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let (s, body) = claim_one(&app, "orphan", "later").await;
+    assert_eq!(s, 201, "{body}");
+
+    let v = settled(&app, &app.probe, "orphan").await;
+    let (entries, pending) = journal(&app.probe, "orphan").await;
+    assert!(entries.is_empty() && pending.is_empty(), "{entries:?} {pending:?}");
+    let quarantined: Vec<Option<Uuid>> =
+        sqlx::query_scalar("SELECT claim_id FROM quarantine WHERE sku = 'orphan'")
+            .fetch_all(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(quarantined, [None]);
+    let statuses = ledger_statuses(&app.probe, "orphan").await;
+    assert_eq!(statuses.len(), 1, "{statuses:?}");
+    assert_eq!(statuses[&claim_id(&body).parse::<Uuid>().unwrap()], "held");
+    assert_eq!((v["in_flight"].as_i64(), v["recorded"].as_i64()), (Some(0), Some(1)), "{v}");
+}
