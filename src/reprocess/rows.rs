@@ -110,7 +110,7 @@ pub enum Decision {
     /// Recorded (or recorded before): the units may be given back.
     Compensate,
     /// `issuances` refused even the compensated row (the same refusal keeps a late writer's
-    /// live row out; the writer also skips claims compensated in `persistence_pending`).
+    /// live row out; the writer also skips every claim parked in `persistence_pending`).
     CompensateUnrecorded(String),
     /// The claim was written as a live claim meanwhile: nothing must be given back.
     AlreadyLive,
