@@ -256,7 +256,10 @@ async fn a_change_whose_win_is_unreadable_waits_for_its_quarantine_and_no_longer
 
     let v = settled(&app, &app.probe, "orphan").await;
     let (entries, pending) = journal(&app.probe, "orphan").await;
-    assert!(entries.is_empty() && pending.is_empty(), "{entries:?} {pending:?}");
+    assert!(
+        entries.is_empty() && pending.is_empty(),
+        "{entries:?} {pending:?}"
+    );
     let quarantined: Vec<Option<Uuid>> =
         sqlx::query_scalar("SELECT claim_id FROM quarantine WHERE sku = 'orphan'")
             .fetch_all(&app.db)
@@ -266,5 +269,9 @@ async fn a_change_whose_win_is_unreadable_waits_for_its_quarantine_and_no_longer
     let statuses = ledger_statuses(&app.probe, "orphan").await;
     assert_eq!(statuses.len(), 1, "{statuses:?}");
     assert_eq!(statuses[&claim_id(&body).parse::<Uuid>().unwrap()], "held");
-    assert_eq!((v["in_flight"].as_i64(), v["recorded"].as_i64()), (Some(0), Some(1)), "{v}");
+    assert_eq!(
+        (v["in_flight"].as_i64(), v["recorded"].as_i64()),
+        (Some(0), Some(1)),
+        "{v}"
+    );
 }
