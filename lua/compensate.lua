@@ -12,12 +12,14 @@
 --
 -- Returns
 --   fence: 1 when the marker now names this owner, 0 when the claim is already compensated.
---   give:  1 when the units were given back now (to the waitlist's head first), 0 when already
---          compensated, 3 when the claim was a hold that already ended as cancelled or
---          expired (its units came back then; only the marker is set now), -2 when another
---          owner fenced the claim since (this one's lease is stale: nothing changes), -1 when
---          the SKU state is missing or marked stale (nothing changes; compensate after a
---          restore).
+--   give:  1 when the units were given back now (to the waitlist's head first), 4 the same
+--          for a hold that had been confirmed, 0 when already compensated, 3 (cancelled) or 5
+--          (expired) when the claim was a hold that already ended so (its units came back
+--          then; only the marker is set now), -2 when another owner fenced the claim since
+--          (this one's lease is stale: nothing changes), -1 when the SKU state is missing or
+--          marked stale (nothing changes; compensate after a restore). The hold's status is
+--          told because the reprocessor announces it before the compensation (its change may
+--          not have reached the parked row yet).
 --
 -- Publishes KEYS[1] on <prefix>:units-back when it raises the stock (give_back in
 -- lib/lifecycle.lua; src/soldout.rs).
@@ -47,9 +49,14 @@ local user, units, id = ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local code = 1
 local h = unpack_hold(redis.call('HGET', KEYS[4], id))
 local now, seq = redis_now(), tonumber(redis.call('HGET', state, 'seq') or '0')
-if h and (h.status == 'cancelled' or h.status == 'expired') then
+if h and h.status == 'cancelled' then
   code = 3
+elseif h and h.status == 'expired' then
+  code = 5
 elseif h and h.status ~= 'compensated' then
+  if h.status == 'confirmed' then
+    code = 4
+  end
   seq = end_hold(id, h, 'compensated', now, seq)
 else
   if redis.call('HINCRBY', users, user, -units) <= 0 then

@@ -29,8 +29,10 @@
 //! - [`writer`]: the journal (a Redis Stream; `writer/journal.rs` is the one parser of its
 //!   entries) to `issuances`, batched (`writer/postgres.rs`); refused rows to `persistence_pending`;
 //!   entries no table takes to the quarantine (`writer/quarantine.rs`); a batch that met a
-//!   transient error held in memory and retried first; consumer names of stopped gateways
-//!   removed (`writer/consumers.rs`).
+//!   transient error held in memory and retried first; a hold's change read before its win
+//!   is written waits for it by the journal's order, never a clock (`writer/order.rs`;
+//!   docs/lifecycle-writer.md); consumer names of stopped gateways removed
+//!   (`writer/consumers.rs`).
 //! - [`activity`]: the active set, the SKUs with background work (journal entries, holds, a
 //!   waitlist): marked with every script call that can give them some, retired when idle and
 //!   empty, found again by a slow catalog walk; the writer and the expiry worker serve only

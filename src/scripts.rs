@@ -41,6 +41,8 @@ pub struct Scripts {
     pub release_pool: Script,
     /// Releases a lock held under a token (the feed's: src/shards/feed.rs).
     pub unlock: Script,
+    /// The journal's unacknowledged entries before one entry (src/writer/order.rs).
+    pub pending_before: Script,
 }
 
 /// A script that ends holds or gives units back, with `lua/lib/lifecycle.lua` (functions
@@ -77,6 +79,7 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     offer_pool: lifecycle_script!("offer_pool.lua"),
     release_pool: lifecycle_script!("release_pool.lua"),
     unlock: Script::new(include_str!("../lua/unlock.lua")),
+    pending_before: Script::new(include_str!("../lua/pending_before.lua")),
 });
 
 /// Loads every script into Redis (SCRIPT LOAD), so the first claim does not pay for it.
@@ -106,6 +109,7 @@ pub async fn load_all<C: ConnectionLike>(con: &mut C) -> Result<(), StoreError> 
         &s.offer_pool,
         &s.release_pool,
         &s.unlock,
+        &s.pending_before,
     ] {
         script.prepare_invoke().load_async(con).await?;
     }

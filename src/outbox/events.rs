@@ -1,17 +1,19 @@
 //! The claim events an order system receives: their kinds, their JSON body and their subject.
 //!
 //! A claim's events form its life: one event creates it (`claim.won`, or `waitlist.offered`
-//! for a waitlist offer once holds exist), at most one ends it (`claim.confirmed`,
-//! `claim.cancelled`, `claim.expired`, `claim.compensated`). The per-claim sequence is that
-//! place: 1 or 2. A consumer that keeps the last sequence it applied per claim can drop anything
+//! for a waitlist offer), with the status it won with (`issued`, or `held` for a hold); then
+//! one event per later change, in order: a hold's end (`claim.confirmed`, `claim.cancelled`,
+//! `claim.expired`), and `claim.compensated` when a claim PostgreSQL refused for good is given
+//! back (after the hold's change, if it had one while parked). The per-claim sequence is that
+//! place: 1 for the creation, then 2, 3. The status of a claim's last event is its status in
+//! `issuances`. A consumer that keeps the last sequence it applied per claim can drop anything
 //! older, whatever reaches it.
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-/// What happened to a claim. Holds and the waitlist are not built yet; their kinds are here so
-/// the table's CHECK, the subjects and the consumers already know them.
+/// What happened to a claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventKind {
     /// Redis decided the claim for the buyer and the ledger recorded it (status `issued`, or
@@ -56,11 +58,18 @@ impl EventKind {
         EventKind::ALL.into_iter().find(|k| k.as_str() == s)
     }
 
-    /// The event's place in its claim's life: 1 creates the claim, 2 ends it.
-    pub fn seq(self) -> i32 {
-        match self {
-            EventKind::Won | EventKind::Offered => 1,
-            _ => 2,
+    /// Whether the event creates its claim (its sequence is then 1).
+    pub fn creates(self) -> bool {
+        matches!(self, EventKind::Won | EventKind::Offered)
+    }
+
+    /// The event of a hold's change to `status` (confirmed, cancelled, expired).
+    pub fn of_change(status: &str) -> Option<EventKind> {
+        match status {
+            "confirmed" => Some(EventKind::Confirmed),
+            "cancelled" => Some(EventKind::Cancelled),
+            "expired" => Some(EventKind::Expired),
+            _ => None,
         }
     }
 }
@@ -152,7 +161,7 @@ mod tests {
         OutboxRow {
             id: 1,
             claim_id: Uuid::nil(),
-            seq: kind.seq(),
+            seq: if kind.creates() { 1 } else { 2 },
             event: kind.as_str().into(),
             sku: sku.into(),
             user_id: "u-1".into(),
@@ -175,9 +184,15 @@ mod tests {
         for k in EventKind::ALL {
             assert_eq!(EventKind::parse(k.as_str()), Some(k));
         }
-        assert_eq!(EventKind::Won.seq(), 1);
-        assert_eq!(EventKind::Offered.seq(), 1);
-        assert_eq!(EventKind::Compensated.seq(), 2);
+        assert!(EventKind::Won.creates() && EventKind::Offered.creates());
+        assert!(!EventKind::Compensated.creates());
+        for s in ["confirmed", "cancelled", "expired"] {
+            assert_eq!(
+                EventKind::of_change(s).map(|k| k.as_str()),
+                Some(&*format!("claim.{s}"))
+            );
+        }
+        assert_eq!(EventKind::of_change("held"), None);
     }
 
     #[test]

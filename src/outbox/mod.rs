@@ -4,10 +4,11 @@
 //!   transaction as the ledger change it describes: `claim.won` by the writer's own `issuances`
 //!   insert (one statement: only rows actually inserted produce events, so a redelivered
 //!   journal entry produces none) or by the reprocessor's transaction that finally writes a
-//!   parked claim; `claim.compensated` by the reprocessor's transaction that closes a parked
-//!   claim as compensated, preceded there by the claim's `claim.won` when the ledger never
-//!   recorded it live (every claim's events begin with its creation). Nothing is published from
-//!   the claim path ([`events`], [`store`]).
+//!   parked claim; a hold's change by the writer's update of its `issuances` row; a parked
+//!   claim's whole life so far (its creation with the status it won with, the change of its
+//!   hold while parked) by the reprocessor's transaction that writes it, or that closes it as
+//!   compensated, followed there by `claim.compensated` (every claim's events begin with its
+//!   creation). Nothing is published from the claim path ([`events`], [`store`]).
 //! - **Relayed, leased and fenced** ([`relay`]). Every gateway runs a relay. A relay takes a
 //!   batch of unsent rows with `FOR UPDATE SKIP LOCKED` and a lease (owner, expiry), publishes
 //!   them to JetStream in order with the event id as `Nats-Msg-Id`, awaits the

@@ -17,6 +17,8 @@ use crate::error::DbError;
 #[derive(Debug)]
 pub struct NewEvent<'a> {
     pub kind: EventKind,
+    /// Its place in the claim's life: 1 for the creation, then one more per change.
+    pub seq: i32,
     pub claim_id: Uuid,
     pub sku: &'a str,
     pub user: &'a str,
@@ -27,8 +29,8 @@ pub struct NewEvent<'a> {
     pub occurred_at: Option<DateTime<Utc>>,
 }
 
-/// Records `event` in the caller's transaction. An event the claim already has (same kind of
-/// place in its life) is left as it is: the transition that produced it committed before.
+/// Records `event` in the caller's transaction. An event the claim already has (the same place
+/// in its life) is left as it is: the transition that produced it committed before.
 ///
 /// # Errors
 /// The database's error; the caller's transaction then does not commit, and with it neither
@@ -40,7 +42,7 @@ pub async fn record(tx: &mut PgConnection, event: &NewEvent<'_>) -> Result<(), D
          ON CONFLICT (claim_id, seq) DO NOTHING",
     )
     .bind(event.claim_id)
-    .bind(event.kind.seq())
+    .bind(event.seq)
     .bind(event.kind.as_str())
     .bind(event.sku)
     .bind(event.user)

@@ -47,10 +47,9 @@ pub(crate) struct PendingRow {
     attempts: i32,
     /// The state sequence the claim produced (kept with its row; see [`crate::freshness`]).
     seq: Option<i64>,
-    /// The claim's lifecycle status while parked (`issued`, or a hold's status: the writer
-    /// keeps it current from the journal), written with the row.
-    claim_status: String,
     expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// A waitlist offer (its creation event is `waitlist.offered`).
+    offer: bool,
 }
 
 pub struct Reprocessor {
@@ -103,8 +102,8 @@ impl Reprocessor {
                      LIMIT $3
                      FOR UPDATE SKIP LOCKED)
               RETURNING p.claim_id, p.sku, p.user_id, p.quantity, p.idempotency_key,
-                        p.remaining_after, p.created_at, p.attempts, p.seq, p.claim_status,
-                        p.expires_at",
+                        p.remaining_after, p.created_at, p.attempts, p.seq, p.expires_at,
+                        p.offer",
         )
         .bind(self.owner)
         .bind(LEASE_SECS)
@@ -129,7 +128,9 @@ impl Reprocessor {
         let attempt = row.attempts + 1;
         if self.marker(row, "fence").await? == 0 {
             // Given back by an earlier owner whose PostgreSQL update did not land.
-            return self.finish_compensation(row, row.attempts, None).await;
+            return self
+                .finish_compensation(row, row.attempts, None, None)
+                .await;
         }
         let reason = match rows::write(&self.db, row, self.owner).await {
             Ok(Written::Live) => {
@@ -189,18 +190,22 @@ impl Reprocessor {
         attempts: i32,
         reason: Option<&str>,
     ) -> Result<(), ReprocessError> {
-        match self.marker(row, "give").await? {
-            1 => {
+        // The hold's status when its units went back, as Redis had it.
+        let ended = match self.marker(row, "give").await? {
+            code @ (1 | 4) => {
                 m::compensated(i64::from(row.quantity));
                 tracing::warn!(claim_id = %row.claim_id, sku = %row.sku, units = row.quantity,
                     attempts, "claim compensated after its last attempt");
+                (code == 4).then_some("confirmed")
             }
-            // 3: a hold that had already ended (cancelled, expired): its units came back then.
-            0 | 3 => {}
+            // A hold that had already ended: its units came back then.
+            3 => Some("cancelled"),
+            5 => Some("expired"),
+            0 => None,
             -2 => return Ok(()),
             _ => return Err(StoreError::SkuLost.into()),
-        }
-        self.finish_compensation(row, attempts, reason).await
+        };
+        self.finish_compensation(row, attempts, reason, ended).await
     }
 
     async fn finish_compensation(
@@ -208,8 +213,10 @@ impl Reprocessor {
         row: &PendingRow,
         attempts: i32,
         reason: Option<&str>,
+        ended: Option<&str>,
     ) -> Result<(), ReprocessError> {
-        let live = rows::mark_compensated(&self.db, row, self.owner, attempts, reason).await?;
+        let live =
+            rows::mark_compensated(&self.db, row, self.owner, attempts, reason, ended).await?;
         if let Some(status) = live {
             // Only a compensation given back before decisions were recorded first can get
             // here; the view shows the mismatch and an operator settles the claim.

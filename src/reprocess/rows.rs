@@ -7,7 +7,14 @@
 //! writes it only now finds the row taken (`ON CONFLICT (claim_id) DO NOTHING`), so a
 //! compensated claim is never recorded as live; and a writer that got there first is seen
 //! here, and the claim is resolved instead of compensated.
+//!
+//! A parked claim has announced nothing yet: the transaction that writes it (or closes it as
+//! compensated) records its life so far, in order: its creation with the status it won with
+//! (`held` for a hold, an offer's as `waitlist.offered`), the change its hold went through
+//! while parked (the writer keeps it in the parked row, under the row's lock), and its
+//! compensation.
 
+use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
@@ -15,18 +22,21 @@ use super::PendingRow;
 use crate::error::DbError;
 use crate::outbox::{self, EventKind, NewEvent};
 
-/// Records the claim's event in the caller's transaction (see [`crate::outbox`]).
+/// Records the claim's event at `seq` in the caller's transaction (see [`crate::outbox`]);
+/// `occurred_at` `None` is the transaction's time.
 async fn event(
     tx: &mut PgConnection,
     row: &PendingRow,
     kind: EventKind,
+    seq: i32,
     status: &str,
+    occurred_at: Option<DateTime<Utc>>,
 ) -> Result<(), DbError> {
-    let occurred_at = (kind == EventKind::Won).then_some(row.created_at);
     outbox::record(
         tx,
         &NewEvent {
             kind,
+            seq,
             claim_id: row.claim_id,
             sku: &row.sku,
             user: &row.user_id,
@@ -36,6 +46,50 @@ async fn event(
         },
     )
     .await
+}
+
+/// A hold's change while parked: its status (confirmed, cancelled, expired) and, when the
+/// writer recorded it, when it happened.
+type ParkedChange<'a> = (&'a str, Option<DateTime<Utc>>);
+
+/// Records the parked claim's creation and the change of its hold while parked, if any.
+/// Returns the sequence of the claim's next event.
+async fn life_so_far(
+    tx: &mut PgConnection,
+    row: &PendingRow,
+    change: Option<ParkedChange<'_>>,
+) -> Result<i32, DbError> {
+    let (kind, won_as) = match (row.offer, row.expires_at.is_some()) {
+        (true, _) => (EventKind::Offered, "held"),
+        (false, true) => (EventKind::Won, "held"),
+        (false, false) => (EventKind::Won, "issued"),
+    };
+    event(tx, row, kind, 1, won_as, Some(row.created_at)).await?;
+    let Some((status, at)) = change else {
+        return Ok(2);
+    };
+    let Some(kind) = EventKind::of_change(status) else {
+        return Ok(2);
+    };
+    event(tx, row, kind, 2, status, at).await?;
+    Ok(3)
+}
+
+/// The parked row's lifecycle as it is now, under the row's lock (the writer applies a hold's
+/// change under the same lock); `None` when the lease is no longer this owner's.
+async fn lock_owned(
+    tx: &mut PgConnection,
+    row: &PendingRow,
+    owner: Uuid,
+) -> Result<Option<(String, Option<DateTime<Utc>>)>, DbError> {
+    Ok(sqlx::query_as(
+        "SELECT claim_status, claim_status_at FROM persistence_pending
+          WHERE claim_id = $1 AND lease_owner = $2 AND status = 'reprocessing' FOR UPDATE",
+    )
+    .bind(row.claim_id)
+    .bind(owner)
+    .fetch_optional(tx)
+    .await?)
 }
 
 /// What writing a parked claim to `issuances` found.
@@ -56,7 +110,7 @@ pub enum Decision {
     /// Recorded (or recorded before): the units may be given back.
     Compensate,
     /// `issuances` refused even the compensated row (the same refusal keeps a late writer's
-    /// live row out; the writer also skips claims compensated in `persistence_pending`).
+    /// live row out; the writer also skips every claim parked in `persistence_pending`).
     CompensateUnrecorded(String),
     /// The claim was written as a live claim meanwhile: nothing must be given back.
     AlreadyLive,
@@ -68,14 +122,8 @@ const INSERT: &str = "INSERT INTO issuances
         seq, expires_at)
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (claim_id) DO NOTHING";
 
-/// Writes the row as `status`; "issued" stands for the claim's own lifecycle status (a hold
-/// keeps its status and expiry).
+/// Writes the row as `status` (a hold keeps its expiry).
 async fn insert(tx: &mut PgConnection, row: &PendingRow, status: &str) -> Result<u64, DbError> {
-    let status = if status == "issued" {
-        row.claim_status.as_str()
-    } else {
-        status
-    };
     Ok(sqlx::query(INSERT)
         .bind(row.claim_id)
         .bind(&row.sku)
@@ -130,15 +178,18 @@ async fn update_owned(
     Ok(n == 1)
 }
 
-/// Writes the claim to `issuances` with its `claim.won` event, and resolves the parked row,
-/// in one transaction.
+/// Writes the claim to `issuances` with its lifecycle status (a hold's change while parked
+/// included) and its events, and resolves the parked row, in one transaction.
 ///
 /// # Errors
 /// The database's error, e.g. its refusal of the row (nothing changed).
 pub async fn write(db: &PgPool, row: &PendingRow, owner: Uuid) -> Result<Written, DbError> {
     let mut tx = db.begin().await?;
-    if insert(&mut tx, row, "issued").await? == 1 {
-        event(&mut tx, row, EventKind::Won, "issued").await?;
+    let Some((claim_status, at)) = lock_owned(&mut tx, row, owner).await? else {
+        return Ok(Written::LeaseLost);
+    };
+    if insert(&mut tx, row, &claim_status).await? == 1 {
+        life_so_far(&mut tx, row, Some((&claim_status, at))).await?;
     } else if status(&mut tx, row.claim_id).await?.as_deref() == Some("compensated") {
         return Ok(Written::Compensating);
     }
@@ -194,8 +245,10 @@ pub async fn decide_compensation(
 /// the claim is then both recorded and given back, which the caller reports.
 ///
 /// The same transaction records `claim.compensated` (this update succeeds once per claim),
-/// preceded by the claim's `claim.won` unless a live row shows the ledger recorded (and
+/// preceded by the claim's life so far unless a live row shows the ledger recorded (and
 /// announced) it: the order system heard of the claim from its 201, and hears of both ends.
+/// `ended` is the status Redis had the hold in when the units went back (compensate.lua), so
+/// a change whose journal entry has not reached the parked row yet is told all the same.
 ///
 /// # Errors
 /// The database error; the lease then runs out and the next owner finishes.
@@ -205,10 +258,25 @@ pub async fn mark_compensated(
     owner: Uuid,
     attempts: i32,
     reason: Option<&str>,
+    ended: Option<&str>,
 ) -> Result<Option<String>, DbError> {
     let mut tx = db.begin().await?;
+    let Some((claim_status, at)) = lock_owned(&mut tx, row, owner).await? else {
+        return Ok(None);
+    };
+    let change: Option<ParkedChange<'_>> = match ended {
+        Some(s) if s != claim_status => Some((s, None)),
+        _ => Some((claim_status.as_str(), at)),
+    };
     if !update_owned(&mut tx, row, owner, "compensated", attempts, reason).await? {
         return Ok(None);
+    }
+    if let Some((s, _)) = change.filter(|c| EventKind::of_change(c.0).is_some()) {
+        sqlx::query("UPDATE persistence_pending SET claim_status = $2 WHERE claim_id = $1")
+            .bind(row.claim_id)
+            .bind(s)
+            .execute(&mut *tx)
+            .await?;
     }
     sqlx::query("SAVEPOINT tombstone").execute(&mut *tx).await?;
     let live = match insert(&mut tx, row, "compensated").await {
@@ -225,10 +293,18 @@ pub async fn mark_compensated(
         }
         Err(e) => return Err(e),
     };
-    if live.is_none() {
-        event(&mut tx, row, EventKind::Won, "issued").await?;
-    }
-    event(&mut tx, row, EventKind::Compensated, "compensated").await?;
+    let seq = match live {
+        None => life_so_far(&mut tx, row, change).await?,
+        // Announced by the writer already: the compensation follows what it told.
+        Some(_) => {
+            sqlx::query_scalar("SELECT COALESCE(max(seq), 0) + 1 FROM outbox WHERE claim_id = $1")
+                .bind(row.claim_id)
+                .fetch_one(&mut *tx)
+                .await?
+        }
+    };
+    let comp = EventKind::Compensated;
+    event(&mut tx, row, comp, seq, "compensated", None).await?;
     tx.commit().await?;
     Ok(live)
 }

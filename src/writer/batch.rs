@@ -27,6 +27,8 @@ pub struct Winner {
 /// A hold's status change (confirmed, cancelled, expired), as the journal holds it.
 #[derive(Debug, Clone)]
 pub struct Change {
+    /// The journal entry that carries it: its place after its win (see `order.rs`).
+    pub entry_id: String,
     pub claim_id: Uuid,
     pub status: String,
     pub quantity: i32,
@@ -37,6 +39,8 @@ pub struct Change {
 /// A waitlist entry's change (waiting, offered, claimed, expired, left).
 #[derive(Debug, Clone)]
 pub struct WaitChange {
+    /// The journal entry that carries it (an offer's ending shares its hold change's entry).
+    pub journal_entry: String,
     pub entry_id: Uuid,
     pub user: String,
     pub status: String,
@@ -103,6 +107,33 @@ impl Batch {
         self.changes.extend(other.changes);
         self.waits.extend(other.waits);
         self.others.extend(other.others);
+    }
+
+    /// The journal entries the batch holds, of every kind.
+    pub(super) fn entry_ids(&self) -> std::collections::HashSet<&str> {
+        (self.winners.iter().map(|w| w.entry_id.as_str()))
+            .chain(self.unreadable.iter().map(|u| u.entry_id.as_str()))
+            .chain(self.others.iter().map(|o| o.entry_id.as_str()))
+            .collect()
+    }
+
+    /// Takes the entries `ids` (entries without a winner: those of hold changes that wait for
+    /// their wins) out of the batch, with everything they carry.
+    pub(super) fn split_off(&mut self, ids: &std::collections::HashSet<String>) -> Batch {
+        let mut kept = Batch::default();
+        if ids.is_empty() {
+            return kept;
+        }
+        (self.others, kept.others) = std::mem::take(&mut self.others)
+            .into_iter()
+            .partition(|o| !ids.contains(&o.entry_id));
+        (self.changes, kept.changes) = std::mem::take(&mut self.changes)
+            .into_iter()
+            .partition(|c| !ids.contains(&c.entry_id));
+        (self.waits, kept.waits) = std::mem::take(&mut self.waits)
+            .into_iter()
+            .partition(|w| !ids.contains(&w.journal_entry));
+        kept
     }
 
     /// The same entry may come from two reads of one pass; settle it once.

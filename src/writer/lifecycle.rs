@@ -3,7 +3,8 @@
 //!
 //! Both are guarded so that a record delivered twice, or read out of order, changes nothing:
 //! a claim leaves `held` once, and an entry only moves forward (waiting, then offered, then
-//! claimed, expired or left).
+//! claimed, expired or left). A hold's change is applied only once its win is in a table or
+//! never will be (`order.rs`).
 
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -11,8 +12,11 @@ use uuid::Uuid;
 use super::batch::{Change, WaitChange};
 use crate::error::DbError;
 
-/// A change of a parked claim (in `persistence_pending`) is kept there, so the reprocessor
-/// writes the claim with it and the ledger does not count a cancelled hold's units as pending.
+/// A change of a parked claim (in `persistence_pending`, not yet written) is kept there with
+/// its time, so the reprocessor writes the claim with it and tells its events in order
+/// (`reprocess/rows.rs`), and the ledger does not count a cancelled hold's units as pending.
+/// A parked row already written or compensated is left alone: the claim's row in `issuances`
+/// then takes the change (a hold written `held`), or the compensation told it.
 const APPLY_CHANGES: &str = "WITH t AS (
     SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::int8[]) AS t(c, st, ms)),
   upd AS (
@@ -20,8 +24,11 @@ const APPLY_CHANGES: &str = "WITH t AS (
       FROM t WHERE i.claim_id = t.c AND i.status = 'held'
     RETURNING i.claim_id, i.sku, i.user_id, i.quantity, i.status, i.updated_at),
   parked AS (
-    UPDATE persistence_pending p SET claim_status = t.st, updated_at = now()
+    UPDATE persistence_pending p
+       SET claim_status = t.st, claim_status_at = to_timestamp(t.ms::double precision / 1000),
+           updated_at = now()
       FROM t WHERE p.claim_id = t.c AND p.claim_status = 'held'
+               AND p.status IN ('pending', 'reprocessing')
     RETURNING p.claim_id),
   ev AS (
     INSERT INTO outbox (claim_id, seq, event, sku, user_id, quantity, status, occurred_at)
@@ -29,6 +36,12 @@ const APPLY_CHANGES: &str = "WITH t AS (
     ON CONFLICT (claim_id, seq) DO NOTHING)
   SELECT claim_id FROM upd
   UNION SELECT i.claim_id FROM issuances i JOIN t ON i.claim_id = t.c AND i.status = t.st";
+
+/// Takes the parked rows of the changes' claims, in claim order, before anything is read: the
+/// reprocessor writes a parked claim under the same lock, so each change lands either in the
+/// parked row before the claim is written (and is written with it) or in `issuances` after.
+const LOCK_PARKED: &str = "SELECT claim_id FROM persistence_pending
+     WHERE claim_id = ANY($1) ORDER BY claim_id FOR UPDATE";
 
 /// Entries only move forward; an offer's claim id is its entry id.
 const APPLY_WAITS: &str = "INSERT INTO waitlist
@@ -54,8 +67,14 @@ pub async fn apply_changes(db: &PgPool, changes: &[Change]) -> Result<Vec<Uuid>,
     if changes.is_empty() {
         return Ok(Vec::new());
     }
-    Ok(sqlx::query_scalar(APPLY_CHANGES)
-        .bind(changes.iter().map(|c| c.claim_id).collect::<Vec<_>>())
+    let claims: Vec<Uuid> = changes.iter().map(|c| c.claim_id).collect();
+    let mut tx = db.begin().await?;
+    sqlx::query(LOCK_PARKED)
+        .bind(&claims)
+        .execute(&mut *tx)
+        .await?;
+    let forget = sqlx::query_scalar(APPLY_CHANGES)
+        .bind(&claims)
         .bind(
             changes
                 .iter()
@@ -63,42 +82,10 @@ pub async fn apply_changes(db: &PgPool, changes: &[Change]) -> Result<Vec<Uuid>,
                 .collect::<Vec<_>>(),
         )
         .bind(changes.iter().map(|c| c.ms).collect::<Vec<_>>())
-        .fetch_all(db)
-        .await?)
-}
-
-/// Changes whose claim no table holds yet: its win is still on its way to `issuances` (another
-/// gateway's writer read it and has not committed it). A hold's change read before its win
-/// would otherwise update nothing and be acknowledged: the hold would stay `held` in the
-/// ledger forever. Changes older than `grace` (by their own time) are not reported: a win
-/// that has not arrived by then never will (quarantined without a claim id, say), and the
-/// change is then acknowledged as it is.
-///
-/// # Errors
-/// The database error.
-pub async fn early_changes(
-    db: &PgPool,
-    changes: &[Change],
-    now_ms: i64,
-    grace: std::time::Duration,
-) -> Result<Vec<Uuid>, DbError> {
-    let young: Vec<Uuid> = changes
-        .iter()
-        .filter(|c| now_ms - c.ms < grace.as_millis() as i64)
-        .map(|c| c.claim_id)
-        .collect();
-    if young.is_empty() {
-        return Ok(Vec::new());
-    }
-    Ok(sqlx::query_scalar(
-        "SELECT c FROM UNNEST($1::uuid[]) AS c
-          WHERE NOT EXISTS (SELECT 1 FROM issuances WHERE claim_id = c)
-            AND NOT EXISTS (SELECT 1 FROM persistence_pending WHERE claim_id = c)
-            AND NOT EXISTS (SELECT 1 FROM quarantine WHERE claim_id = c)",
-    )
-    .bind(young)
-    .fetch_all(db)
-    .await?)
+        .fetch_all(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(forget)
 }
 
 /// Applies waitlist changes (the same entry may change twice in one batch: one statement per

@@ -6,7 +6,8 @@
 //! commit that holds it, and entries left unacknowledged by a gateway that died are taken over
 //! with XAUTOCLAIM once they have been idle for `journal_claim_idle`. Winners a live writer
 //! read and could not settle (PostgreSQL down, a lock timeout) stay in its memory and are
-//! retried first, so they never wait for that idle time.
+//! retried first, so they never wait for that idle time. A hold's change read before its win
+//! was written waits for it by the journal's order (`order.rs`), never by a clock.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -28,6 +29,7 @@ mod call_entry;
 mod consumers;
 mod journal;
 mod lifecycle;
+mod order;
 mod postgres;
 mod quarantine;
 
@@ -42,8 +44,6 @@ pub use quarantine::Quarantined;
 const READ_COUNT: usize = 256;
 /// Every SKU of the active set ([`crate::activity`]) is read this often, wake-up or not.
 const SWEEP: Duration = Duration::from_millis(500);
-/// How long a hold change waits for its win to be written before it is applied as it is.
-const EARLY_CHANGE_GRACE: Duration = Duration::from_secs(30);
 /// Retry pace of the writer itself while PostgreSQL or Redis is unreachable.
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
@@ -96,6 +96,9 @@ pub struct Writer {
     /// SKUs whose last journal read failed: Redis may have delivered entries whose reply was
     /// lost, so the next pass first re-reads this consumer's own pending entries.
     reread: HashSet<String>,
+    /// Entries of hold changes whose wins are not written yet (`order.rs`), per SKU: settled
+    /// with each later pass's entries, once their wins are in a table.
+    waiting: HashMap<String, Batch>,
 }
 
 impl Writer {
@@ -117,6 +120,7 @@ impl Writer {
             marks,
             held: HashMap::new(),
             reread: HashSet::new(),
+            waiting: HashMap::new(),
         }
     }
 
@@ -145,6 +149,7 @@ impl Writer {
             // A SKU with winners in hand is retried whether or not anything signals it (it
             // may not be in the active list yet, and reading that list may be what failed).
             targets.extend(self.held.keys().cloned());
+            targets.extend(self.waiting.keys().cloned());
             targets.extend(self.reread.iter().cloned());
             if sweep {
                 if let Ok(list) = activity::members(&self.store).await {
@@ -215,9 +220,10 @@ impl Writer {
     }
 
     /// Settles one SKU's entries: those held from a failed pass first, else what its journal
-    /// holds. Returns how many entries were settled.
+    /// holds, with the changes still waiting for their wins. Returns how many entries were
+    /// settled.
     async fn pass(&mut self, sku: &str, autoclaim: bool) -> Result<usize, WriteError> {
-        let batch = match self.held.remove(sku) {
+        let mut batch = match self.held.remove(sku) {
             // Entries of a stopped gateway may be what a held batch waits for (the wins of
             // its hold changes): they are taken over all the same.
             Some(mut held) if autoclaim => {
@@ -238,19 +244,24 @@ impl Writer {
                 }
             },
         };
+        if let Some(waiting) = self.waiting.remove(sku) {
+            batch.extend(waiting);
+            batch.dedup();
+        }
         if batch.is_empty() {
             return Ok(0);
         }
         match self.settle(sku, &batch).await {
-            Ok(()) => Ok(batch.entries()),
-            Err(WriteError::WinNotYetWritten(n)) => {
+            Ok(kept) if kept.is_empty() => Ok(batch.entries()),
+            Ok(kept) => {
                 tracing::debug!(
                     sku,
-                    changes = n,
-                    "hold changes wait for their wins; retrying"
+                    changes = kept.changes.len(),
+                    "hold changes wait for their wins"
                 );
-                self.held.insert(sku.to_string(), batch);
-                Ok(0)
+                let settled = batch.entries().saturating_sub(kept.entries());
+                self.waiting.insert(sku.to_string(), kept);
+                Ok(settled)
             }
             Err(e) => {
                 self.held.insert(sku.to_string(), batch);
@@ -278,53 +289,19 @@ impl Writer {
         Ok(batch)
     }
 
-    /// Writes the winners to PostgreSQL (or parks them), quarantines what no table takes, then
-    /// acknowledges the entries. Every step may be repeated after a failure: the inserts are
-    /// idempotent and an entry's units leave `inflight` once.
-    async fn settle(&self, sku: &str, batch: &Batch) -> Result<(), WriteError> {
+    /// Writes the winners to PostgreSQL (or parks them), quarantines what no table takes,
+    /// applies the lifecycle changes, then acknowledges the entries. Every step may be repeated
+    /// after a failure: the inserts are idempotent and an entry's units leave `inflight` once.
+    ///
+    /// Returns the entries kept back: hold changes whose wins are still on their way
+    /// (`order.rs`), with this writer's own entries found unacknowledged meanwhile.
+    async fn settle(&self, sku: &str, batch: &Batch) -> Result<Batch, WriteError> {
         let started = Instant::now();
         let unwritable = write_batch(&self.db, &batch.winners, self.first_retry).await?;
-        // After the wins: a change is applied to a row its own win (earlier in the journal)
-        // has written by now.
-        // A change whose win another writer has not committed yet waits for it: the whole
-        // batch is kept and retried (every step is idempotent), its entries unacknowledged.
-        let early = lifecycle::early_changes(
-            &self.db,
-            &batch.changes,
-            crate::claims::now_ms(),
-            EARLY_CHANGE_GRACE,
-        )
-        .await?;
-        if !early.is_empty() {
-            return Err(WriteError::WinNotYetWritten(early.len()));
-        }
         // `sku` is a Redis name (a shard of a sharded SKU is `sku#i`): rows name the catalog's
         // SKU, while the journal, the acknowledgements and the mark are the shard's.
         let catalog_sku = crate::keys::split_shard(sku).0;
-        let mut forget = lifecycle::apply_changes(&self.db, &batch.changes).await?;
-        forget.extend(lifecycle::apply_waits(&self.db, catalog_sku, &batch.waits).await?);
-        lifecycle::count_offers(batch);
-        let lifecycle_seq = (batch.changes.iter().map(|c| c.seq))
-            .chain(batch.waits.iter().map(|w| w.seq))
-            .max();
-        if !batch.winners.is_empty() || lifecycle_seq.is_some() {
-            let written: Vec<(i64, Uuid)> =
-                batch.winners.iter().map(|w| (w.seq, w.claim_id)).collect();
-            freshness::record_batch(
-                &self.db,
-                &self.store,
-                &self.marks,
-                sku,
-                &written,
-                lifecycle_seq,
-            )
-            .await?;
-            m::writer_batch(batch.winners.len(), started.elapsed());
-        }
-        let now = crate::claims::now_ms();
-        for w in &batch.winners {
-            m::journal_lag(Duration::from_millis((now - w.created_ms).max(0) as u64));
-        }
+        // Before the changes are ordered: a change meets a quarantined win as a row.
         let mut poison = Vec::with_capacity(unwritable.len() + batch.unreadable.len());
         for u in unwritable {
             let w = &batch.winners[u.index];
@@ -336,17 +313,55 @@ impl Writer {
         }
         poison.extend(batch.unreadable.iter().map(Quarantined::unreadable));
         quarantine::record(&self.db, catalog_sku, &poison).await?;
-        journal::ack(&self.store, sku, batch, &forget).await?;
-        Ok(())
+
+        let order = order::waiting(&self.db, &self.store, &self.consumer, sku, batch).await?;
+        for claim_id in &order.orphans {
+            tracing::warn!(sku, %claim_id, "hold change of a claim whose win never reached the ledger; acknowledged as it is");
+        }
+        // Only a batch with changes to keep back is copied.
+        let (split, mut kept);
+        let ready = if order.entries.is_empty() {
+            kept = Batch::default();
+            batch
+        } else {
+            let mut rest = batch.clone();
+            kept = rest.split_off(&order.entries);
+            split = rest;
+            &split
+        };
+        kept.extend(order.adopted);
+
+        let mut forget = lifecycle::apply_changes(&self.db, &ready.changes).await?;
+        forget.extend(lifecycle::apply_waits(&self.db, catalog_sku, &ready.waits).await?);
+        lifecycle::count_offers(ready);
+        let lifecycle_seq = (ready.changes.iter().map(|c| c.seq))
+            .chain(ready.waits.iter().map(|w| w.seq))
+            .max();
+        if !ready.winners.is_empty() || lifecycle_seq.is_some() {
+            let written: Vec<(i64, Uuid)> =
+                ready.winners.iter().map(|w| (w.seq, w.claim_id)).collect();
+            freshness::record_batch(
+                &self.db,
+                &self.store,
+                &self.marks,
+                sku,
+                &written,
+                lifecycle_seq,
+            )
+            .await?;
+            m::writer_batch(ready.winners.len(), started.elapsed());
+        }
+        let now = crate::claims::now_ms();
+        for w in &ready.winners {
+            m::journal_lag(Duration::from_millis((now - w.created_ms).max(0) as u64));
+        }
+        journal::ack(&self.store, sku, ready, &forget).await?;
+        Ok(kept)
     }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
-    /// Hold changes read before their wins were written (by another gateway's writer): the
-    /// batch is kept and retried, not a failure.
-    #[error("{0} hold changes wait for their wins to be written")]
-    WinNotYetWritten(usize),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]

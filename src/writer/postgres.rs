@@ -11,8 +11,10 @@ use crate::metrics as m;
 
 /// A claim already in `issuances` is left as it is: written before, or compensated (the
 /// reprocessor writes a compensated claim's row with that status before giving its units
-/// back). A claim compensated without that row (`issuances` refused it too) is skipped by the
-/// `NOT EXISTS`: a writer that read its entry long ago never brings it back.
+/// back). A parked claim (any row in `persistence_pending`) is skipped by the `NOT EXISTS`:
+/// the reprocessor alone writes it, with the changes it went through while parked, so a writer
+/// that reads its entry again (an acknowledgement lost, a gateway that died) neither writes it
+/// `held` after a cancel nor brings back a claim compensated without a row.
 ///
 /// The same statement records each inserted claim's `claim.won` in `outbox` (see
 /// [`crate::outbox`]): only rows this insert actually wrote produce an event, so a journal
@@ -30,8 +32,7 @@ const INSERT_ISSUANCES: &str = "WITH ins AS (
       FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::int8[], $7::int8[],
                   $8::int8[], $9::int8[])
         AS t(c, s, u, q, k, r, ms, n, ex)
-     WHERE NOT EXISTS (SELECT 1 FROM persistence_pending p
-                        WHERE p.claim_id = t.c AND p.status = 'compensated')
+     WHERE NOT EXISTS (SELECT 1 FROM persistence_pending p WHERE p.claim_id = t.c)
     ON CONFLICT (claim_id) DO NOTHING
     RETURNING claim_id, sku, user_id, quantity, status, created_at)
   INSERT INTO outbox (claim_id, seq, event, sku, user_id, quantity, status, occurred_at)
@@ -140,11 +141,11 @@ async fn park(db: &PgPool, w: &Winner, reason: &str, first_retry: Duration) -> R
     sqlx::query(
         "INSERT INTO persistence_pending
            (claim_id, sku, user_id, quantity, idempotency_key, remaining_after, created_at,
-            failure_reason, next_attempt_at, seq, claim_status, expires_at)
+            failure_reason, next_attempt_at, seq, claim_status, expires_at, offer)
          VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7::double precision / 1000), $8,
                  now() + make_interval(secs => $9::double precision / 1000), $10,
                  CASE WHEN $11::int8 IS NULL THEN 'issued' ELSE 'held' END,
-                 to_timestamp($11::double precision / 1000))
+                 to_timestamp($11::double precision / 1000), $12)
          ON CONFLICT (claim_id) DO NOTHING",
     )
     .bind(w.claim_id)
@@ -158,6 +159,7 @@ async fn park(db: &PgPool, w: &Winner, reason: &str, first_retry: Duration) -> R
     .bind(first_retry.as_millis() as f64)
     .bind(w.seq)
     .bind(w.expires_ms)
+    .bind(w.offer)
     .execute(db)
     .await?;
     Ok(())

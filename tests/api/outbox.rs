@@ -17,14 +17,14 @@ const PREFIX: &str = "dropgate";
 
 /// One message of the stream as a consumer would see it.
 #[derive(Debug)]
-struct StreamEvent {
+pub(crate) struct StreamEvent {
     subject: String,
     msg_id: String,
-    body: Value,
+    pub body: Value,
 }
 
 /// Every message of the stream, in stream order.
-async fn stream_events(nats: &PrivateNats) -> Vec<StreamEvent> {
+pub(crate) async fn stream_events(nats: &PrivateNats) -> Vec<StreamEvent> {
     let js = nats.jetstream().await;
     let mut stream = js.get_stream(STREAM).await.unwrap();
     let last = stream.info().await.unwrap().state.last_sequence;
@@ -45,7 +45,7 @@ async fn stream_events(nats: &PrivateNats) -> Vec<StreamEvent> {
 }
 
 /// Messages the stream holds (0 while it does not exist yet).
-async fn stream_len(nats: &PrivateNats) -> u64 {
+pub(crate) async fn stream_len(nats: &PrivateNats) -> u64 {
     let Ok(c) = async_nats::connect(nats.url()).await else {
         return 0;
     };
@@ -59,7 +59,7 @@ async fn wait_for_stream(nats: &PrivateNats, n: u64, limit: Duration) {
     wait_for(limit, || async { stream_len(nats).await >= n }).await;
 }
 
-async fn unsent(db: &sqlx::PgPool) -> i64 {
+pub(crate) async fn unsent(db: &sqlx::PgPool) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM outbox WHERE sent_at IS NULL")
         .fetch_one(db)
         .await
@@ -69,7 +69,7 @@ async fn unsent(db: &sqlx::PgPool) -> i64 {
 /// The consumer's guarantees on what the stream holds: each event once (by id), its
 /// `Nats-Msg-Id` the event id, its subject `<prefix>.<sku>.<type>`, and each claim's events in
 /// their sequence. Returns the events per claim, in stream order.
-fn check_once_in_order(events: &[StreamEvent]) -> HashMap<Uuid, Vec<&Value>> {
+pub(crate) fn check_once_in_order(events: &[StreamEvent]) -> HashMap<Uuid, Vec<&Value>> {
     let mut seen = std::collections::HashSet::new();
     let mut per_claim: HashMap<Uuid, Vec<&Value>> = HashMap::new();
     for e in events {
@@ -372,6 +372,7 @@ async fn a_relay_whose_lease_was_taken_over_marks_nothing_and_a_claim_waits_for_
     for kind in [EventKind::Won, EventKind::Compensated] {
         let event = NewEvent {
             kind,
+            seq: if kind.creates() { 1 } else { 2 },
             claim_id: claim,
             sku: "fence",
             user: "u",
