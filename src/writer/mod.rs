@@ -21,6 +21,7 @@ use crate::activity;
 use crate::error::{DbError, StoreError};
 use crate::freshness::{self, Marks};
 use crate::metrics as m;
+use crate::repeats::{self, Repeats, BACKEND};
 use crate::store::Store;
 
 mod batch;
@@ -136,6 +137,7 @@ impl Writer {
         let mut backoff = Duration::ZERO;
         // SKUs whose last read came back full: more is waiting.
         let mut unfinished: HashSet<String> = HashSet::new();
+        let faults = Repeats::default();
         loop {
             let stopping = shutdown.is_cancelled();
             let sweep =
@@ -165,13 +167,27 @@ impl Writer {
                 match self.pass(sku, autoclaim).await {
                     Ok(n) => {
                         moved += n;
+                        for key in [sku.as_str(), BACKEND] {
+                            if let Some(end) = faults.clear(key) {
+                                repeats::ended(key, end, "writer passes succeed again");
+                            }
+                        }
                         if n >= READ_COUNT {
                             unfinished.insert(sku.clone());
                         }
                     }
                     Err(e) => {
                         failed = true;
-                        tracing::warn!(sku, error = %e, "writer pass failed; the journal keeps the winners");
+                        // Once when it starts, then at most every 10 s with a count.
+                        let key = if e.is_about_sku() {
+                            sku.as_str()
+                        } else {
+                            BACKEND
+                        };
+                        if let Some(o) = faults.occurred(key, &e.to_string()) {
+                            tracing::warn!(sku, error = %e, repeated = o.repeated, for_secs = o.for_secs,
+                                "writer pass failed; the journal keeps the winners");
+                        }
                     }
                 }
             }
@@ -351,6 +367,14 @@ pub enum WriteError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Db(#[from] DbError),
+}
+
+impl WriteError {
+    /// Whether the failure is about this SKU's Redis state only (lost, stale), not about a
+    /// backend every SKU shares.
+    fn is_about_sku(&self) -> bool {
+        matches!(self, WriteError::Store(e) if e.is_about_sku())
+    }
 }
 
 impl From<sqlx::Error> for WriteError {

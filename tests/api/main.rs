@@ -18,6 +18,7 @@ mod helpers;
 mod http;
 mod lifecycle;
 mod live;
+mod logs;
 mod model;
 mod observe;
 mod openapi;

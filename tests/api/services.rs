@@ -287,6 +287,8 @@ impl Drop for PrivatePostgres {
 pub struct GatewayProcess {
     pub base: String,
     child: Child,
+    /// Every line the gateway wrote (stdout and stderr), for tests of what it logs.
+    log: std::sync::Arc<parking_lot::Mutex<Vec<String>>>,
 }
 
 impl GatewayProcess {
@@ -350,15 +352,42 @@ impl GatewayProcess {
             .env("DROPGATE_JOURNAL_CLAIM_IDLE_MS", "1000")
             .env("DROPGATE_REPROCESS_BACKOFF_MS", "50")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .kill_on_drop(true);
         for (k, v) in env {
             cmd.env(k, v);
         }
         let mut child = cmd.spawn().expect("the dropgate binary starts");
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        // Both streams are read to the end (a full pipe would block the gateway's logging) and
+        // kept; the address is taken from whichever carries the log. DROPGATE_TEST_ECHO=1
+        // shows the gateway's stdout, for debugging a failed run; stderr is always shown.
+        let log = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let (lines_tx, mut lines_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let echo = std::env::var("DROPGATE_TEST_ECHO").is_ok_and(|v| v == "1");
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        for (reader, show) in [
+            (
+                Box::pin(stdout) as std::pin::Pin<Box<dyn tokio::io::AsyncBufRead + Send>>,
+                echo,
+            ),
+            (Box::pin(stderr), true),
+        ] {
+            let (log, tx) = (log.clone(), lines_tx.clone());
+            tokio::spawn(async move {
+                let mut lines = reader.lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if show {
+                        eprintln!("[gateway] {line}");
+                    }
+                    log.lock().push(line.clone());
+                    let _ = tx.send(line);
+                }
+            });
+        }
+        drop(lines_tx);
         let addr = tokio::time::timeout(Duration::from_secs(60), async {
-            while let Ok(Some(line)) = lines.next_line().await {
+            while let Some(line) = lines_rx.recv().await {
                 if let Some(rest) = line.split("listening on ").nth(1) {
                     return rest
                         .split_whitespace()
@@ -371,20 +400,16 @@ impl GatewayProcess {
         .await
         .map_err(|_| "the gateway did not log its address within 60 s".to_string())?
         .ok_or_else(|| "the gateway exited before listening".to_string())?;
-        // Keep reading, so a full pipe never blocks the gateway's logging.
-        // DROPGATE_TEST_ECHO=1 shows the gateway's log, for debugging a failed run.
-        let echo = std::env::var("DROPGATE_TEST_ECHO").is_ok_and(|v| v == "1");
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                if echo {
-                    eprintln!("[{addr}] {line}");
-                }
-            }
-        });
         Ok(GatewayProcess {
             base: format!("http://{addr}"),
             child,
+            log,
         })
+    }
+
+    /// The lines the gateway wrote so far, both streams.
+    pub fn log_lines(&self) -> Vec<String> {
+        self.log.lock().clone()
     }
 
     pub async fn sigkill(&mut self) {
