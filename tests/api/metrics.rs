@@ -100,10 +100,7 @@ async fn every_family_is_registered_at_start_with_help_and_type_and_passes_promt
     );
     assert!(used.len() > 40, "{used:?}");
     assert!(used.contains("dropgate_outbox_publish_failures_total"));
-    let missing: Vec<&String> = used
-        .iter()
-        .filter(|n| !exported.contains_key(*n))
-        .collect();
+    let missing: Vec<&String> = used.iter().filter(|n| !exported.contains_key(*n)).collect();
     assert!(
         missing.is_empty(),
         "named in src/, not in a fresh gateway's /metrics: {missing:?}\n{text}"
