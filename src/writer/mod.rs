@@ -45,7 +45,8 @@ const READ_COUNT: usize = 256;
 const SWEEP: Duration = Duration::from_millis(500);
 /// How long a hold change waits for its win to be written before it is applied as it is.
 const EARLY_CHANGE_GRACE: Duration = Duration::from_secs(30);
-/// Retry pace of the writer itself while PostgreSQL or Redis is unreachable.
+/// Retry pace of the writer itself while PostgreSQL or Redis is unreachable (with jitter,
+/// [`crate::pace::retries`]).
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
@@ -134,7 +135,9 @@ impl Writer {
         let mut last_sweep: Option<Instant> = None;
         let mut last_autoclaim = Instant::now();
         let mut last_reap = Instant::now();
+        // Zero while passes succeed; the pause after each failed round otherwise.
         let mut backoff = Duration::ZERO;
+        let mut pauses = crate::pace::retries(BACKOFF_MIN, BACKOFF_MAX);
         // SKUs whose last read came back full: more is waiting.
         let mut unfinished: HashSet<String> = HashSet::new();
         let faults = Repeats::default();
@@ -196,9 +199,10 @@ impl Writer {
                 self.reap_gone_consumers(&active_skus).await;
             }
             if failed {
-                backoff = (backoff * 2).clamp(BACKOFF_MIN, BACKOFF_MAX);
+                backoff = pauses.next().unwrap_or(BACKOFF_MAX);
             } else {
                 backoff = Duration::ZERO;
+                pauses = crate::pace::retries(BACKOFF_MIN, BACKOFF_MAX);
             }
             if stopping {
                 if moved == 0 || failed {
