@@ -20,10 +20,13 @@ use dashmap::DashMap;
 use dropgate::live::ClaimStats;
 use dropgate::metrics::{CLAIM_OUTCOMES, LATENCY_BUCKETS};
 
+/// One SKU's counts by outcome and by latency bucket.
+type Counters = std::sync::Arc<(Vec<AtomicU64>, Vec<AtomicU64>)>;
+
 /// The recorder before HdrHistogram: an atomic count per outcome and per latency bucket.
 #[derive(Default)]
 struct AtomicBuckets {
-    skus: DashMap<String, std::sync::Arc<(Vec<AtomicU64>, Vec<AtomicU64>)>>,
+    skus: DashMap<String, Counters>,
 }
 
 impl AtomicBuckets {

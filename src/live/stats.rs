@@ -157,7 +157,7 @@ impl Window {
                 out.add(h).ok()?;
             }
         }
-        (out.len() > 0).then_some(out)
+        (!out.is_empty()).then_some(out)
     }
 }
 
