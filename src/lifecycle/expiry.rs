@@ -101,18 +101,17 @@ impl Expirer {
                     }
                 }
             }
+            // A fault of Redis itself fails every SKU alike: one line for all of them, over
+            // after a tick without one. A SKU whose state is lost or stale has its own line.
+            let mut backend_failed = false;
             for sku in &skus {
-                // A fault of Redis itself fails every SKU alike: one line for all of them.
-                // A SKU whose state is lost or stale has a line of its own.
                 match self.expire_due(sku).await {
-                    Ok(_) => {
-                        cleared(&faults, sku, "expiry passes of the SKU succeed again");
-                        cleared(&faults, BACKEND, "expiry passes succeed again");
-                    }
+                    Ok(_) => cleared(&faults, sku, "expiry passes of the SKU succeed again"),
                     Err(e) => {
                         let key = if e.is_about_sku() {
                             sku.as_str()
                         } else {
+                            backend_failed = true;
                             BACKEND
                         };
                         if let Some(o) = faults.occurred(key, &e.to_string()) {
@@ -121,6 +120,9 @@ impl Expirer {
                         }
                     }
                 }
+            }
+            if !backend_failed && !skus.is_empty() {
+                cleared(&faults, BACKEND, "expiry passes succeed again");
             }
             tokio::select! {
                 _ = tokio::time::sleep(TICK) => {}

@@ -166,14 +166,15 @@ impl Writer {
             }
             let mut moved = 0usize;
             let mut failed = false;
+            // A backend fault is over only after a round without one: a SKU with nothing to
+            // write passes while PostgreSQL is down for the others.
+            let mut backend_failed = false;
             for sku in &targets {
                 match self.pass(sku, autoclaim).await {
                     Ok(n) => {
                         moved += n;
-                        for key in [sku.as_str(), BACKEND] {
-                            if let Some(end) = faults.clear(key) {
-                                repeats::ended(key, end, "writer passes succeed again");
-                            }
+                        if let Some(end) = faults.clear(sku) {
+                            repeats::ended(sku, end, "writer passes of the SKU succeed again");
                         }
                         if n >= READ_COUNT {
                             unfinished.insert(sku.clone());
@@ -185,6 +186,7 @@ impl Writer {
                         let key = if e.is_about_sku() {
                             sku.as_str()
                         } else {
+                            backend_failed = true;
                             BACKEND
                         };
                         if let Some(o) = faults.occurred(key, &e.to_string()) {
@@ -192,6 +194,11 @@ impl Writer {
                                 "writer pass failed; the journal keeps the winners");
                         }
                     }
+                }
+            }
+            if !backend_failed {
+                if let Some(end) = faults.clear(BACKEND) {
+                    repeats::ended(BACKEND, end, "writer passes succeed again");
                 }
             }
             if sweep && !stopping && last_reap.elapsed() > self.claim_idle {

@@ -118,7 +118,7 @@ fn at(dom: &str, needle: &str) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_live_page_charts_a_running_drop_in_headless_chromium() {
-    let chromium = crate::tools::ensure("chromium", "chromium");
+    let chromium = crate::tools::require("chromium", "chromium");
     let app = spawn_app().await;
     // An idle SKU that sorts first by name, a drop that sells out, and a large one with holds.
     assert_eq!(app.declare("aaa-idle", 10, 1).await.status(), 201);

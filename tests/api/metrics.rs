@@ -106,7 +106,7 @@ async fn every_family_is_registered_at_start_with_help_and_type_and_passes_promt
         "named in src/, not in a fresh gateway's /metrics: {missing:?}\n{text}"
     );
 
-    let promtool = crate::tools::ensure("promtool", "prometheus");
+    let promtool = crate::tools::require("promtool", "prometheus");
     let mut child = std::process::Command::new(promtool)
         .args(["check", "metrics"])
         .stdin(std::process::Stdio::piped())

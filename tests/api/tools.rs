@@ -1,6 +1,7 @@
 //! System tools some tests drive (promtool, chromium), installed from Debian's packages when
 //! missing, so `cargo test` passes on a fresh machine of this kind. A test that needs a tool
-//! fails when it cannot be had; it never skips.
+//! fails when it cannot be had; it never skips. (The same `require` as main's
+//! tests/api/tools.rs of the `cli` branch: at a merge, keep that one.)
 
 use std::process::Command;
 
@@ -9,11 +10,11 @@ use std::process::Command;
 ///
 /// # Panics
 /// When the tool is missing and cannot be installed (no apt-get, no network to the mirror).
-pub fn ensure(binary: &str, package: &str) -> String {
+pub fn require(binary: &'static str, package: &str) -> std::path::PathBuf {
     static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one_at_a_time = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(path) = which(binary) {
-        return path;
+        return path.into();
     }
     eprintln!("{binary} is missing; installing the Debian package {package}");
     // The packages' own services are never started (prometheus would start one): a
@@ -38,7 +39,7 @@ pub fn ensure(binary: &str, package: &str) -> String {
         let _ = std::fs::remove_file(policy);
     }
     match (installed, which(binary)) {
-        (_, Some(path)) => path,
+        (_, Some(path)) => path.into(),
         (Ok(out), None) => panic!(
             "{binary} is not installed and `apt-get install {package}` did not install it:\n{}",
             String::from_utf8_lossy(&out.stderr)
