@@ -38,7 +38,12 @@ impl From<redis::RedisError> for StoreError {
     fn from(e: redis::RedisError) -> Self {
         if e.is_connection_refusal() {
             StoreError::Unavailable(e.to_string())
-        } else if matches!(e.kind(), redis::ErrorKind::Server(_)) {
+        } else if matches!(
+            e.kind(),
+            redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
+        ) {
+            // An error reply is an answer, whether or not the client knows its code
+            // (`Extension`: NOGROUP of a stream Redis lost, a script's own error codes).
             StoreError::Redis(e)
         } else if e.kind() == redis::ErrorKind::UnexpectedReturnType {
             StoreError::Protocol(e.to_string())
@@ -52,6 +57,12 @@ impl StoreError {
     /// Whether the same call may succeed later (a client should retry after a pause).
     pub fn is_retryable(&self) -> bool {
         !matches!(self, StoreError::Protocol(_))
+    }
+
+    /// Whether the failure is about the SKU's state (lost, stale), not about Redis itself:
+    /// other SKUs on the same Redis are fine, and a restore of this one is what it needs.
+    pub fn is_about_sku(&self) -> bool {
+        matches!(self, StoreError::SkuLost | StoreError::Stale)
     }
 
     /// Whether the call may have taken effect: its outcome must be read back.
@@ -143,7 +154,19 @@ impl DbError {
 
 #[cfg(test)]
 mod tests {
-    use super::{classify_sqlstate, DbFailure};
+    use super::{classify_sqlstate, DbFailure, StoreError};
+
+    #[test]
+    fn an_error_reply_with_a_code_the_client_does_not_know_is_an_answer() {
+        // What XREADGROUP answers for a stream Redis lost: it ran, and said so.
+        let nogroup = redis::make_extension_error(
+            "NOGROUP".into(),
+            Some("No such key 'dg:{s}:journal' or consumer group 'writers'".into()),
+        );
+        let e = StoreError::from(nogroup);
+        assert!(!e.is_uncertain(), "{e:?}");
+        assert!(matches!(&e, StoreError::Redis(r) if r.code() == Some("NOGROUP")));
+    }
 
     #[test]
     fn waiting_and_unreachable_are_transient_and_only_row_faults_refuse_rows() {

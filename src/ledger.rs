@@ -68,10 +68,12 @@ pub async fn accounting(
     Ok(out)
 }
 
-/// Renders views as the table `dropgate reconcile` prints.
+/// Renders views as the table `dropgate reconcile` prints: a header row, one row per SKU,
+/// numbers right-aligned, no colour and no border (comfy-table, so a longer SKU id or a larger
+/// number widens its column instead of shifting the row).
 pub fn table(views: &[SkuView]) -> String {
-    let mut s = format!(
-        "{:<24} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>12} {:>8} {:>10} {:>8} {:>8} {:>10}\n",
+    use comfy_table::{presets::NOTHING, CellAlignment, ContentArrangement, Table};
+    const COLUMNS: [&str; 13] = [
         "sku",
         "total",
         "remaining",
@@ -84,28 +86,42 @@ pub fn table(views: &[SkuView]) -> String {
         "confirmed",
         "waiting",
         "offered",
-        "status"
-    );
+        "status",
+    ];
     let opt = |v: Option<i64>| v.map_or("?".to_string(), |n| n.to_string());
+    let mut t = Table::new();
+    t.load_preset(NOTHING)
+        .set_content_arrangement(ContentArrangement::Disabled)
+        .set_header(COLUMNS);
     for v in views {
-        s.push_str(&format!(
-            "{:<24} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>12} {:>8} {:>10} {:>8} {:>8} {:>10}\n",
-            v.sku,
-            v.total,
+        t.add_row([
+            v.sku.clone(),
+            v.total.to_string(),
             opt(v.remaining),
-            v.recorded,
+            v.recorded.to_string(),
             opt(v.in_flight),
-            v.pending,
-            v.quarantined,
-            v.compensated,
-            v.held,
-            v.confirmed,
-            v.waiting,
-            v.offered,
-            if v.consistent { "ok" } else { "MISMATCH" }
-        ));
+            v.pending.to_string(),
+            v.quarantined.to_string(),
+            v.compensated.to_string(),
+            v.held.to_string(),
+            v.confirmed.to_string(),
+            v.waiting.to_string(),
+            v.offered.to_string(),
+            if v.consistent { "ok" } else { "MISMATCH" }.to_string(),
+        ]);
     }
-    s
+    for i in 1..COLUMNS.len() - 1 {
+        if let Some(c) = t.column_mut(i) {
+            c.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    let mut out = t
+        .lines()
+        .map(|l| l.trim_end().to_string())
+        .collect::<Vec<_>>()
+        .join("\n");
+    out.push('\n');
+    out
 }
 
 /// The SKU view of API.md.
@@ -273,4 +289,58 @@ pub async fn view(store: &Store, catalog: &Catalog, sku: &str) -> Result<SkuView
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     Ok(last.expect("the loop ran at least once"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(sku: &str, total: i64, remaining: Option<i64>, consistent: bool) -> SkuView {
+        SkuView {
+            sku: sku.into(),
+            total,
+            per_user_limit: 1,
+            hold_seconds: 0,
+            remaining,
+            recorded: total - remaining.unwrap_or(0),
+            in_flight: remaining.map(|_| 0),
+            pending: 0,
+            quarantined: 0,
+            compensated: 0,
+            held: 0,
+            confirmed: 0,
+            waiting: 0,
+            offered: 0,
+            consistent,
+            in_transit: None,
+            shards: None,
+        }
+    }
+
+    #[test]
+    fn the_reconcile_table_keeps_its_columns_whatever_the_widths() {
+        let views = [
+            view("drop-1", 100, Some(0), true),
+            view(
+                "a-sku-id-longer-than-any-column-header-0123456789",
+                1_000_000_000,
+                None,
+                false,
+            ),
+        ];
+        let table = table(&views);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 3, "{table}");
+        for l in &lines {
+            assert_eq!(l.split_whitespace().count(), 13, "{l:?} in\n{table}");
+            assert_eq!(l.trim_end(), *l, "no trailing blanks");
+        }
+        // Right-aligned numbers: each row's `total` ends where the header's does.
+        let end = |l: &str, field: &str| l.find(field).map(|i| i + field.len());
+        let header_end = end(lines[0], "total").unwrap();
+        assert_eq!(end(lines[1], " 100 "), Some(header_end + 1));
+        assert_eq!(end(lines[2], " 1000000000 "), Some(header_end + 1));
+        assert!(lines[2].ends_with("MISMATCH") && lines[1].ends_with("ok"));
+        assert!(lines[2].contains(" ? "), "an unknown remaining reads ?");
+    }
 }

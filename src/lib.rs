@@ -50,7 +50,10 @@
 //!   (accounting), claim lookup, the reconcile table.
 //! - [`observe`]: what an operator watches that no request produces: the per-SKU gauges
 //!   (`dropgate_sku_*`) and the backends' `_up` gauges, refreshed by a periodic task at a
-//!   bounded cost per round, and each SKU's fail-closed transitions logged once.
+//!   bounded cost per round, and each SKU's fail-closed transitions logged once;
+//!   [`repeats`]: a background task's repeated warnings, logged when a fault starts or
+//!   changes, then at most every 10 s with a count, and once when it ends; [`pace`]: the
+//!   retry pace of background loops and of parked claims (exponential backoff, `backon`).
 //! - [`live`]: the live drop page's data (`/admin/live`, served by `http/live.rs`): per-SKU
 //!   claim counts of this gateway, rates, p99, journal lag, the SKU view, once a second.
 //! - [`shards`]: one hot SKU spread over several Redis SKUs (`sku`, `sku#1`, ...): buyers
@@ -110,7 +113,9 @@ pub mod live;
 pub mod metrics;
 pub mod observe;
 pub mod outbox;
+pub mod pace;
 pub mod record;
+pub mod repeats;
 pub mod replicas;
 pub mod reprocess;
 pub mod restore;

@@ -13,14 +13,13 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use metrics::{
-    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter,
-    Histogram,
-};
+use metrics::{counter, gauge, histogram, Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::claims::Outcome;
 use crate::ledger::SkuView;
+
+mod register;
 
 /// Latency buckets in seconds: the hot path lives between 100 µs and a few ms.
 pub const LATENCY_BUCKETS: &[f64] = &[
@@ -75,6 +74,13 @@ pub const SKU_CONFIRMED: &str = "dropgate_sku_confirmed_units";
 pub const SKU_GHOST_HOLDS: &str = "dropgate_sku_ghost_holds";
 pub const SKU_WAITLIST: &str = "dropgate_sku_waitlist_length";
 pub const SKU_OFFERED: &str = "dropgate_sku_waitlist_offered";
+pub const SKU_OVERDUE_HOLDS: &str = "dropgate_sku_overdue_held_claims";
+pub const OUTBOX_BACKLOG: &str = "dropgate_outbox_backlog_events";
+pub const OUTBOX_OLDEST: &str = "dropgate_outbox_oldest_unsent_seconds";
+pub const OUTBOX_PUBLISHED: &str = "dropgate_outbox_published_total";
+pub const OUTBOX_DUPLICATES: &str = "dropgate_outbox_duplicates_total";
+pub const OUTBOX_LAG: &str = "dropgate_outbox_lag_seconds";
+pub const OUTBOX_PUBLISH_FAILURES: &str = "dropgate_outbox_publish_failures_total";
 
 /// Every `outcome` label of [`CLAIMS`]: the decisions, then the failures a claim is answered.
 pub const CLAIM_OUTCOMES: &[&str] = &[
@@ -116,175 +122,18 @@ pub fn handle() -> PrometheusHandle {
                     )
                 })
                 .and_then(|b| {
-                    b.set_buckets_for_metric(
-                        Matcher::Full("dropgate_outbox_lag_seconds".into()),
-                        LAG_BUCKETS,
-                    )
+                    b.set_buckets_for_metric(Matcher::Full(OUTBOX_LAG.into()), LAG_BUCKETS)
                 })
                 .expect("bucket lists are non-empty constants")
                 .build_recorder();
             let handle = recorder.handle();
             // Another recorder may already be installed (a benchmark); then ours only renders.
             if metrics::set_global_recorder(recorder).is_ok() {
-                register();
+                register::all();
             }
             handle
         })
         .clone()
-}
-
-/// Describes every process-wide family and registers it at zero (see the module docs). The
-/// per-SKU gauges appear with the first round of [`crate::observe`].
-fn register() {
-    crate::lifecycle::expiry::register_metrics();
-    describe_counter!(
-        CLAIMS,
-        "Claims answered, by outcome (decisions, and 429/503 answers)"
-    );
-    for outcome in CLAIM_OUTCOMES {
-        counter!(CLAIMS, "outcome" => *outcome).increment(0);
-    }
-    describe_histogram!(
-        CLAIM_LATENCY,
-        "Time from a claim's arrival at the decision to Redis's answer, in seconds"
-    );
-    let _registered = histogram!(CLAIM_LATENCY);
-    describe_histogram!(REDIS_CALL, "Duration of one Redis script call, in seconds");
-    let _registered = histogram!(REDIS_CALL, "script" => "claim");
-    describe_histogram!(
-        COALESCED_BATCH,
-        "Claims decided by one coalesced claim.lua call"
-    );
-    let _registered = histogram!(COALESCED_BATCH);
-    describe_counter!(
-        FAST_REFUSALS,
-        "Claims refused sold_out from memory, without a Redis call (also counted in dropgate_claims_total)"
-    );
-    counter!(FAST_REFUSALS).increment(0);
-    describe_counter!(
-        SOLD_OUT_RECHECKS,
-        "Stock reads of SKUs known sold out, that keep the fast path's answers at most 100 ms old"
-    );
-    counter!(SOLD_OUT_RECHECKS).increment(0);
-    describe_counter!(
-        UNCERTAIN_OUTCOMES,
-        "Claim calls that got no answer and were read back"
-    );
-    counter!(UNCERTAIN_OUTCOMES).increment(0);
-    describe_counter!(
-        WAIT_SHORT,
-        "Decisions with wins that fewer replicas than DROPGATE_REDIS_WAIT_REPLICAS acknowledged in time (answered outcome_unknown, then settled by reading)"
-    );
-    counter!(WAIT_SHORT).increment(0);
-    describe_counter!(
-        FAILED_FAST,
-        "Claims answered 503 unavailable without a call: their SKU's last call got no answer, and a read of its slot got none either (src/claims/call.rs, probe)"
-    );
-    counter!(FAILED_FAST).increment(0);
-    describe_counter!(
-        SHARD_TRANSFERS,
-        "Transfers of units between two shards of a sharded SKU (begun: transfer_out.lua took units)"
-    );
-    counter!(SHARD_TRANSFERS).increment(0);
-    describe_histogram!(
-        JOURNAL_LAG,
-        "Time from Redis deciding a winner to its row committed in PostgreSQL, in seconds"
-    );
-    let _registered = histogram!(JOURNAL_LAG);
-    describe_histogram!(WRITER_BATCH_ROWS, "Winners written by one writer batch");
-    let _registered = histogram!(WRITER_BATCH_ROWS);
-    describe_histogram!(
-        WRITER_BATCH_SECONDS,
-        "Duration of one writer batch insert, in seconds"
-    );
-    let _registered = histogram!(WRITER_BATCH_SECONDS);
-    describe_counter!(
-        WRITER_REFUSED,
-        "Winners PostgreSQL refused, parked in persistence_pending"
-    );
-    counter!(WRITER_REFUSED).increment(0);
-    describe_gauge!(
-        PENDING_ROWS,
-        "Rows of persistence_pending not yet resolved (pending or reprocessing)"
-    );
-    gauge!(PENDING_ROWS).set(0.0);
-    describe_counter!(
-        COMPENSATIONS,
-        "Claims compensated: their units given back after the last attempt"
-    );
-    counter!(COMPENSATIONS).increment(0);
-    describe_counter!(COMPENSATED_UNITS, "Units given back by compensations");
-    counter!(COMPENSATED_UNITS).increment(0);
-    describe_counter!(
-        OUTCOME_UNKNOWN,
-        "Claims answered 503 outcome_unknown and handed to the settler"
-    );
-    counter!(OUTCOME_UNKNOWN).increment(0);
-    describe_counter!(
-        OUTCOME_SETTLED,
-        "Unknown outcomes settled, by result (won, fenced)"
-    );
-    for result in ["won", "fenced"] {
-        counter!(OUTCOME_SETTLED, "result" => result).increment(0);
-    }
-    describe_counter!(
-        STALE_STATES,
-        "SKU states found behind the ledger and closed until restore"
-    );
-    counter!(STALE_STATES).increment(0);
-    describe_counter!(
-        CONNECTIONS_REFUSED,
-        "Connections refused past DROPGATE_MAX_CONNECTIONS"
-    );
-    counter!(CONNECTIONS_REFUSED).increment(0);
-    describe_counter!(
-        QUARANTINED,
-        "Journal entries no table would take, stored in quarantine"
-    );
-    counter!(QUARANTINED).increment(0);
-    describe_gauge!(REDIS_UP, "1 when Redis answered this gateway's last ping");
-    describe_gauge!(
-        POSTGRES_UP,
-        "1 when PostgreSQL answered this gateway's last ping"
-    );
-    describe_gauge!(SKU_TOTAL, "Units declared for the SKU (catalog total)");
-    describe_gauge!(
-        SKU_REMAINING,
-        "Redis stock of the SKU; NaN when Redis cannot tell"
-    );
-    describe_gauge!(SKU_RECORDED, "Units of live claims written to issuances");
-    describe_gauge!(
-        SKU_IN_FLIGHT,
-        "Units decided by Redis not yet written; NaN when Redis cannot tell"
-    );
-    describe_gauge!(SKU_PENDING, "Units in persistence_pending not yet resolved");
-    describe_gauge!(
-        SKU_COMPENSATED,
-        "Units given back to stock after a claim could not be recorded"
-    );
-    describe_gauge!(SKU_QUARANTINED, "Units of open quarantine rows");
-    describe_gauge!(
-        SKU_CONSISTENT,
-        "1 when total = remaining + recorded + in_flight + pending + quarantined, 0 when not, NaN when Redis cannot tell"
-    );
-    describe_gauge!(SKU_HELD, "Units of the SKU's claims still held (written)");
-    describe_gauge!(
-        SKU_CONFIRMED,
-        "Units of the SKU's confirmed holds (written)"
-    );
-    describe_gauge!(
-        SKU_GHOST_HOLDS,
-        "Holds past their expires_at not yet expired (the expiry worker's backlog)"
-    );
-    describe_gauge!(
-        SKU_WAITLIST,
-        "Entries waiting in the SKU's waitlist (Redis)"
-    );
-    describe_gauge!(SKU_OFFERED, "Waitlist entries holding an offer (written)");
-    describe_gauge!(
-        SKU_CLOSED,
-        "1 while the SKU fails closed, by reason (lost: Redis has no state; stale: older than the ledger)"
-    );
 }
 
 /// Handles of the metrics every claim touches, looked up once: `counter!` with a label hashes
@@ -459,6 +308,12 @@ pub fn sku_lifecycle(sku: &str, counts: Option<(i64, i64)>) {
     gauge!(SKU_WAITLIST, "sku" => sku.to_string()).set(line);
 }
 
+/// Claims the ledger still has held past their time (see [`crate::observe`]); NaN when the
+/// ledger could not be read.
+pub fn sku_overdue_holds(sku: &str, n: Option<i64>) {
+    gauge!(SKU_OVERDUE_HOLDS, "sku" => sku.to_string()).set(n.map_or(f64::NAN, |n| n as f64));
+}
+
 /// The SKU's Redis side is unknown (Redis unreachable): what depends on it turns NaN.
 pub fn sku_redis_unknown(sku: &str) {
     for name in [SKU_REMAINING, SKU_IN_FLIGHT, SKU_CONSISTENT] {
@@ -477,26 +332,26 @@ pub fn sku_closed(sku: &str, reason: Option<&str>) {
 
 /// The outbox's unsent events (all gateways'), and how long the oldest has waited.
 pub fn outbox_backlog(events: i64, oldest: Option<f64>) {
-    gauge!("dropgate_outbox_backlog_events").set(events as f64);
-    gauge!("dropgate_outbox_oldest_unsent_seconds").set(oldest.unwrap_or(0.0));
+    gauge!(OUTBOX_BACKLOG).set(events as f64);
+    gauge!(OUTBOX_OLDEST).set(oldest.unwrap_or(0.0));
 }
 
 /// Events acknowledged by JetStream and marked sent by this gateway's relay.
 pub fn outbox_published(events: u64) {
-    counter!("dropgate_outbox_published_total").increment(events);
+    counter!(OUTBOX_PUBLISHED).increment(events);
 }
 
 /// Publishes JetStream acknowledged as duplicates: a redelivery it dropped by `Nats-Msg-Id`.
 pub fn outbox_duplicates(events: u64) {
-    counter!("dropgate_outbox_duplicates_total").increment(events);
+    counter!(OUTBOX_DUPLICATES).increment(events);
 }
 
 /// From an event's insert (its transaction commits right after) to JetStream's acknowledgement.
 pub fn outbox_lag(lag: Duration) {
-    histogram!("dropgate_outbox_lag_seconds").record(lag.as_secs_f64());
+    histogram!(OUTBOX_LAG).record(lag.as_secs_f64());
 }
 
 /// Events a relay could not publish this round (NATS unreachable, no stream, no ack in time).
 pub fn outbox_publish_failed(events: u64) {
-    counter!("dropgate_outbox_publish_failures_total").increment(events);
+    counter!(OUTBOX_PUBLISH_FAILURES).increment(events);
 }

@@ -10,7 +10,8 @@
 //! most [`SKUS_PER_ROUND`] SKUs one pipelined HMGET + ZCOUNT + ZCARD (its line) per shard (one
 //! for a SKU of one shard; a sharded SKU fails closed when any shard is lost or stale) and one
 //! SKU view ([`crate::ledger::view`]: an HMGET per shard and one ledger query, taken
-//! again up to four times while claims straddle the snapshot). A
+//! again up to four times while claims straddle the snapshot), and one count of the SKU's
+//! claims held past their time in the ledger (by the `issuances (sku, user_id)` index). A
 //! larger catalog is walked a page per round, so each SKU is refreshed every
 //! `ceil(skus / SKUS_PER_ROUND)` rounds. A round never outlives its interval. Every gateway
 //! runs its own observer: dashboards aggregate the gauges with `max by (sku)`.
@@ -231,11 +232,33 @@ impl Observer {
             None => {}
         }
         m::sku_lifecycle(sku, ghosts.zip(line));
+        m::sku_overdue_holds(sku, overdue_holds(self.catalog.db(), sku).await);
         match ledger::view(&self.store, &self.catalog, sku).await {
             Ok(v) => m::sku_view(&v),
             Err(e) => tracing::debug!(sku, error = %e, "observer could not read the SKU view"),
         }
     }
+}
+
+/// How late past its `expires_at` a claim the ledger still has `held` counts as overdue: an
+/// expiry made in Redis reaches the ledger through the journal within the writer's lag.
+const OVERDUE_AFTER_SECS: i32 = 5;
+
+/// Claims of `sku` the ledger still has `held` more than [`OVERDUE_AFTER_SECS`] past their
+/// `expires_at` (`dropgate_sku_overdue_held_claims`): the ledger's side of ghost holds, whose
+/// Redis side is `dropgate_sku_ghost_holds`. `None` when the query fails.
+async fn overdue_holds(db: &sqlx::PgPool, sku: &str) -> Option<i64> {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM issuances
+          WHERE sku = $1 AND status = 'held'
+            AND expires_at < now() - make_interval(secs => $2)",
+    )
+    .bind(sku)
+    .bind(f64::from(OVERDUE_AFTER_SECS))
+    .fetch_one(db)
+    .await
+    .map_err(|e| tracing::debug!(sku, error = %e, "observer could not count overdue holds"))
+    .ok()
 }
 
 /// A shard state's `stock` and `stale` fields.

@@ -6,11 +6,12 @@
 //! ```
 //!
 //! Order: read the configuration → declare the scenarios' SKUs (before any load) → goose runs
-//! the load and prints its summary → inline ECharts into the HTML report → wait for the writer
-//! to drain and check the invariants. Exit 0 when every invariant holds, 1 when one fails,
+//! the load and prints its summary → wait for the writer to drain and check the invariants →
+//! write the verdict at the top of the HTML report and inline ECharts into it. Exit 0 when every invariant holds, 1 when one fails,
 //! 2 when the run could not be done, 64 on bad configuration.
 //!
-//! Modules: [`settings`] (environment), [`admin`] (admin API, tokens), [`scenarios`] (what
+//! Modules: [`settings`] (environment), [`help`] (`--help`: these settings, then goose's),
+//! [`admin`] (admin API, tokens), [`scenarios`] (what
 //! the goose users do), [`checkout`] (the journeys of `checkout`), [`tally`] (what the buyers
 //! saw), [`verify`] (the invariants), [`holds_check`] (those of holds and the waitlist, from
 //! the ledger), [`report`] (offline charts).
@@ -18,6 +19,7 @@
 
 mod admin;
 mod checkout;
+mod help;
 mod holds_check;
 mod report;
 mod scenarios;
@@ -41,6 +43,12 @@ use crate::settings::{
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    if help::asked() {
+        // A closed pipe, as `| head` leaves, is not an error.
+        use std::io::Write;
+        let _ = std::io::stdout().lock().write_all(help::text().as_bytes());
+        return ExitCode::SUCCESS;
+    }
     let config = GooseConfiguration::parse_args_default_or_exit();
     let settings = match Settings::from_env(&settings::ProcessEnv) {
         Ok(s) => s,
@@ -160,34 +168,21 @@ async fn run(settings: Settings, mut config: GooseConfiguration) -> anyhow::Resu
     }
     executed?;
 
-    let mut report_ok = true;
-    for path in report::html_reports(&config, started) {
-        match report::inline_file(&path) {
-            Ok(()) => println!(
-                "report: {} renders offline (ECharts inlined)",
-                path.display()
-            ),
-            Err(e) => {
-                eprintln!("report: {e}");
-                report_ok = false;
-            }
-        }
-    }
-
     println!(
         "\nnote: goose's ERRORS table lists each 409 as it arrived; the decided ones (sold_out, \
          limit_reached; in checkout also hold_expired, in_stock) are then marked successes with \
          set_success, as the # fails column shows."
     );
-    let mut all_ok = true;
+    let mut verdicts = Vec::new();
     for drop in &drops {
-        all_ok &= if drop.kind == scenarios::Kind::Checkout {
+        let v = if drop.kind == scenarios::Kind::Checkout {
             holds_check::check(&admin, drop, settings.database_url.as_ref(), settings.drain).await
         } else {
             verify::check(&admin, drop, settings.drain).await
-        }
-        .ok();
+        };
+        verdicts.push((drop.kind.name(), v.failures));
     }
+    let all_ok = verdicts.iter().all(|(_, f)| f.is_empty());
     println!(
         "\n{}",
         if all_ok {
@@ -196,6 +191,21 @@ async fn run(settings: Settings, mut config: GooseConfiguration) -> anyhow::Resu
             "invariants: FAIL"
         }
     );
+
+    // The HTML report carries the verdict at its top, and renders offline.
+    let mut report_ok = true;
+    for path in report::html_reports(&config, started) {
+        match report::finish_file(&path, &verdicts) {
+            Ok(()) => println!(
+                "report: {} carries the invariants' verdict and renders offline (ECharts inlined)",
+                path.display()
+            ),
+            Err(e) => {
+                eprintln!("report: {e}");
+                report_ok = false;
+            }
+        }
+    }
     if !report_ok {
         anyhow::bail!("the HTML report could not be made to render offline");
     }

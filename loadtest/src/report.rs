@@ -138,13 +138,73 @@ fn newest_run_report(parent: &Path, prefix: Option<&str>, since: SystemTime) -> 
         .map(|(_, p)| p)
 }
 
-/// Inlines ECharts into one report file, in place.
+/// Marks the verdict section, so a report processed twice carries one.
+const VERDICT_START: &str = "<!-- dropgate-loadtest verdict -->";
+const VERDICT_END: &str = "<!-- /dropgate-loadtest verdict -->";
+
+/// The invariants' verdict as an HTML section: PASS or FAIL, then each scenario and what
+/// failed in it.
+pub fn verdict_html(verdicts: &[(&str, Vec<String>)]) -> String {
+    let esc = |t: &str| {
+        t.replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+    };
+    let pass = verdicts.iter().all(|(_, f)| f.is_empty());
+    let mut out = format!(
+        "{VERDICT_START}<section id=\"dropgate-invariants\" style=\"margin:1em;padding:0.6em 1em;\
+         border:3px solid {c};font-family:sans-serif\"><h2 style=\"color:{c};margin:0 0 0.3em\">\
+         dropgate invariants: {word}</h2><ul>",
+        c = if pass { "#2da44e" } else { "#cf222e" },
+        word = if pass { "PASS" } else { "FAIL" },
+    );
+    for (name, failures) in verdicts {
+        if failures.is_empty() {
+            out.push_str(&format!(
+                "<li><b>{}</b>: every invariant held</li>",
+                esc(name)
+            ));
+        } else {
+            out.push_str(&format!(
+                "<li><b>{}</b>: {} failed<ul>",
+                esc(name),
+                failures.len()
+            ));
+            for f in failures {
+                out.push_str(&format!("<li>{}</li>", esc(f)));
+            }
+            out.push_str("</ul></li>");
+        }
+    }
+    out.push_str("</ul></section>");
+    out.push_str(VERDICT_END);
+    out
+}
+
+/// Puts `section` at the top of the report's body, replacing one an earlier run put there.
+pub fn with_verdict(html: &str, section: &str) -> String {
+    if let (Some(a), Some(b)) = (html.find(VERDICT_START), html.find(VERDICT_END)) {
+        if a < b {
+            return format!("{}{section}{}", &html[..a], &html[b + VERDICT_END.len()..]);
+        }
+    }
+    match html
+        .find("<body")
+        .and_then(|i| html[i..].find('>').map(|j| i + j + 1))
+    {
+        Some(at) => format!("{}{section}{}", &html[..at], &html[at..]),
+        None => format!("{section}{html}"),
+    }
+}
+
+/// Writes the verdict into one report file and inlines ECharts, in place.
 ///
 /// # Errors
 /// A sentence naming the file and what went wrong.
-pub fn inline_file(path: &Path) -> Result<(), String> {
+pub fn finish_file(path: &Path, verdicts: &[(&str, Vec<String>)]) -> Result<(), String> {
     let html = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let out = inline_charts(&html).map_err(|e| format!("{}: {e}", path.display()))?;
+    let out = with_verdict(&out, &verdict_html(verdicts));
     if out != html {
         std::fs::write(path, out).map_err(|e| format!("{}: {e}", path.display()))?;
     }
@@ -184,6 +244,27 @@ mod tests {
             inline_charts("<html></html>"),
             Err(InlineError::NoReference)
         );
+    }
+
+    #[test]
+    fn the_report_shows_the_verdict_at_its_top_once() {
+        let fail = vec![
+            ("hot_sku_drop", vec![]),
+            (
+                "retry_storm",
+                vec!["lt-1-retry: not sold out (3 of 10 left) <&>".to_string()],
+            ),
+        ];
+        let once = with_verdict(REPORT, &verdict_html(&fail));
+        let body = once.find("<body>").unwrap();
+        let verdict = once.find("dropgate invariants: FAIL").unwrap();
+        assert!(verdict > body && verdict < once.find("var c =").unwrap());
+        assert!(once.contains("<b>hot_sku_drop</b>: every invariant held"));
+        assert!(once.contains("not sold out (3 of 10 left) &lt;&amp;&gt;"));
+        let pass = vec![("hot_sku_drop", vec![])];
+        let twice = with_verdict(&once, &verdict_html(&pass));
+        assert_eq!(twice.matches("dropgate invariants:").count(), 1);
+        assert!(twice.contains("dropgate invariants: PASS"));
     }
 
     #[test]

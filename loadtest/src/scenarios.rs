@@ -1,6 +1,8 @@
 //! The three scenarios: what each declares before the load, and what each goose user does.
 //!
-//! - `hot_sku_drop`: every buyer on one SKU, stock far below the buyers, limit 1 per buyer.
+//! - `hot_sku_drop`: one SKU; each goose user is a stream of new buyers (a fresh token after
+//!   every decided answer, limit 1 each) and the SKU holds [`HOT_UNITS_PER_USER`] units per
+//!   goose user, so the drop sells thousands of units under load, sells out, then refuses.
 //! - `many_skus`: buyers spread over many SKUs (each request picks one at random).
 //! - `retry_storm`: every buyer sends the same Idempotency-Key again and again, from several
 //!   goose users at once; after the first win every answer must be a replay of it.
@@ -30,6 +32,9 @@ const CLAIM_BODY: &str = r#"{"quantity":1}"#;
 /// Tokens outlive any bounded run by far.
 const TOKEN_TTL: Duration = Duration::from_secs(6 * 3600);
 const PER_USER_LIMIT: i64 = 1;
+/// `hot_sku_drop`'s units per goose user (`DROPGATE_LOAD_STOCK` overrides): 200 users sell
+/// 5,000 units, seconds of winning claims at a gateway's pace, then the sold-out path.
+pub const HOT_UNITS_PER_USER: usize = 25;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -160,8 +165,9 @@ struct Buyer {
 }
 
 impl Drop {
-    /// Sizes the scenario for `users` goose users: stock is far below the buyers, so every
-    /// SKU sells out and the sold-out invariant gets checked.
+    /// Sizes the scenario for `users` goose users so that every SKU sells out within a
+    /// bounded run and the sold-out invariant gets checked: `hot_sku_drop` sells real units
+    /// to a stream of new buyers, the others hold stock far below their buyers.
     pub fn plan(kind: Kind, settings: &Settings, users: usize) -> Drop {
         let users = users.max(1);
         let fanout = if kind == Kind::RetryStorm {
@@ -171,7 +177,7 @@ impl Drop {
         };
         let buyers = users.div_ceil(fanout);
         let (sku_count, stock) = match kind {
-            Kind::HotSkuDrop => (1, buyers / 10),
+            Kind::HotSkuDrop => (1, users * HOT_UNITS_PER_USER),
             Kind::ManySkus => (settings.sku_count, buyers / 20),
             Kind::RetryStorm => (1, buyers / 2),
             // A third of the first wave wins a hold; the rest start the line.
@@ -346,6 +352,11 @@ impl Drop {
         };
         if let Some(violation) = self.tally.answer(buyer.index, sku_index, &answer) {
             return user.set_failure(&violation, &mut request, Some(&headers), None);
+        }
+        if self.kind == Kind::HotSkuDrop {
+            // A decided answer ends this buyer's visit: the goose user's next claim is the
+            // next buyer's (a drop's crowd is many buyers once, not a few buyers forever).
+            self.admit(user)?;
         }
         if status == 409 {
             // Goose counted the 409 as an error when it arrived; this is a decided answer.

@@ -16,12 +16,6 @@ pub struct Verdict {
     pub failures: Vec<String>,
 }
 
-impl Verdict {
-    pub fn ok(&self) -> bool {
-        self.failures.is_empty()
-    }
-}
-
 /// Checks one scenario and prints what it found.
 pub async fn check(admin: &Admin, drop: &Drop, drain: Duration) -> Verdict {
     let mut failures = Vec::new();

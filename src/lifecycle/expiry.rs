@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::error::{DbError, StoreError};
+use crate::repeats::{self, Repeats, BACKEND};
 use crate::scripts::SCRIPTS;
 use crate::store::Store;
 
@@ -82,20 +83,46 @@ impl Expirer {
     pub async fn run(self, shutdown: CancellationToken) {
         let mut skus: Vec<String> = Vec::new();
         let mut last_list: Option<tokio::time::Instant> = None;
+        // At a 100 ms tick a fault would otherwise log ten lines a second (src/repeats.rs).
+        let faults = Repeats::default();
         loop {
             if last_list.is_none_or(|t| t.elapsed() > SKUS_EVERY) {
                 match self.skus().await {
                     Ok(list) => {
                         skus = list;
                         last_list = Some(tokio::time::Instant::now());
+                        cleared(&faults, LIST, "expiry worker lists its SKUs again");
                     }
-                    Err(e) => tracing::warn!(error = %e, "expiry worker could not list SKUs"),
+                    Err(e) => {
+                        if let Some(o) = faults.occurred(LIST, &e.to_string()) {
+                            tracing::warn!(error = %e, repeated = o.repeated, for_secs = o.for_secs,
+                                "expiry worker could not list SKUs; serving the SKUs it listed last");
+                        }
+                    }
                 }
             }
+            // A fault of Redis itself fails every SKU alike: one line for all of them, over
+            // after a tick without one. A SKU whose state is lost or stale has its own line.
+            let mut backend_failed = false;
             for sku in &skus {
-                if let Err(e) = self.expire_due(sku).await {
-                    tracing::warn!(sku, error = %e, "expiry pass failed; the holds stay due");
+                match self.expire_due(sku).await {
+                    Ok(_) => cleared(&faults, sku, "expiry passes of the SKU succeed again"),
+                    Err(e) => {
+                        let key = if e.is_about_sku() {
+                            sku.as_str()
+                        } else {
+                            backend_failed = true;
+                            BACKEND
+                        };
+                        if let Some(o) = faults.occurred(key, &e.to_string()) {
+                            tracing::warn!(sku, error = %e, repeated = o.repeated, for_secs = o.for_secs,
+                                "expiry pass failed; the holds stay due");
+                        }
+                    }
                 }
+            }
+            if !backend_failed && !skus.is_empty() {
+                cleared(&faults, BACKEND, "expiry passes succeed again");
             }
             tokio::select! {
                 _ = tokio::time::sleep(TICK) => {}
@@ -177,6 +204,16 @@ impl Expirer {
                 return Ok(expired);
             }
         }
+    }
+}
+
+/// The key of the SKU list's faults in the worker's [`Repeats`].
+const LIST: &str = "\0list";
+
+/// Logs that the fault under `key` is over, if one was logged.
+fn cleared(faults: &Repeats, key: &str, message: &str) {
+    if let Some(end) = faults.clear(key) {
+        repeats::ended(key, end, message);
     }
 }
 

@@ -1,7 +1,8 @@
 //! The live drop page's data (`GET /admin/live/stream`): per SKU, once a second, the SKU view
-//! ([`crate::ledger::view`]: stock and whether the ledger balances), this gateway's claims per
-//! second by outcome and p99 decision latency, and the journal lag (the age of the oldest
-//! winner not yet written).
+//! ([`crate::ledger::view`]: stock, holds, the waitlist, whether the ledger balances), this
+//! gateway's claims per second by outcome and p99 decision latency (HdrHistogram over the
+//! last 10 s), and the journal lag (the age of the oldest winner not yet written). SKUs come
+//! most active first. The page draws its charts from the frames it received.
 //!
 //! Prometheus's counters carry no SKU label (bounded cardinality for every scraper), so the
 //! per-SKU claim counts live here, in process: [`ClaimStats`] is fed by the claim handler, and
@@ -10,21 +11,18 @@
 
 mod stats;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use serde::Serialize;
 
 use crate::app::AppState;
 use crate::ledger::{self, SkuView};
-use crate::metrics::LATENCY_BUCKETS;
 pub use stats::{ClaimStats, Counts};
 
 /// SKUs shown at most: the SKUs this gateway answered claims for first, then the catalog in
 /// id order. Each costs one SKU view and one XRANGE per second per open page.
 pub const MAX_SKUS: usize = 32;
-/// Seconds of decisions the p99 is taken over: one second holds too few claims off-peak.
-const LATENCY_WINDOW: usize = 10;
 
 /// Live streams open at once on one gateway, at most: each costs a few queries per second.
 pub const MAX_STREAMS: usize = 8;
@@ -62,58 +60,56 @@ pub struct SkuFrame {
     pub claims_per_second: BTreeMap<&'static str, f64>,
     /// Claims this gateway answered since it started, by outcome.
     pub claims_total: BTreeMap<&'static str, u64>,
+    /// Seconds since this gateway answered the SKU's last claim; `None` when it never did.
+    pub idle_seconds: Option<u64>,
+    /// The 99th percentile of this gateway's decisions of the SKU in the last 10 seconds.
     pub p99_claim_latency_seconds: Option<f64>,
     pub journal_lag_seconds: Option<f64>,
 }
 
-/// One open stream's memory: the counts of the previous frame (for rates) and the latency
-/// histograms of the last [`LATENCY_WINDOW`] seconds (for the p99).
+/// One open stream's memory: the counts of the previous frame, for rates.
 #[derive(Default)]
 pub struct Watch {
     /// Each SKU's totals at the previous frame, and when that frame was taken.
     last: HashMap<String, Counts>,
     last_at: Option<std::time::Instant>,
-    /// Per second, the latency bucket increments of each SKU.
-    window: VecDeque<HashMap<String, Vec<u64>>>,
 }
 
 impl Watch {
-    /// The next frame: reads the catalog, each shown SKU's view and journal head, and this
-    /// gateway's claim counts.
+    /// The next frame: reads this gateway's claim counts, the catalog, and each shown SKU's
+    /// view and journal head. SKUs come most active first (see [`order`]).
     pub async fn frame(&mut self, state: &AppState) -> Frame {
         let now = std::time::Instant::now();
         let elapsed = self
             .last_at
             .map_or(1.0, |t| now.duration_since(t).as_secs_f64().max(0.001));
         let counts = state.live.stats.snapshot();
-        let skus = active_skus(state, &counts).await;
-        let mut second = HashMap::new();
+        let deltas: HashMap<&String, Counts> = counts
+            .iter()
+            .map(|(sku, current)| {
+                // The first frame has no baseline: it shows no rate rather than a lifetime's.
+                let before = match self.last_at {
+                    Some(_) => self.last.get(sku).cloned().unwrap_or_default(),
+                    None => current.clone(),
+                };
+                (sku, current.since(&before))
+            })
+            .collect();
+        let skus = active_skus(state, &counts, &deltas).await;
         let mut out = Vec::with_capacity(skus.len());
         for sku in skus {
             let current = counts.get(&sku).cloned().unwrap_or_default();
-            // The first frame has no baseline: it shows no rate rather than a lifetime's.
-            let before = match self.last_at {
-                Some(_) => self.last.get(&sku).cloned().unwrap_or_default(),
-                None => current.clone(),
-            };
-            let delta = current.since(&before);
-            second.insert(sku.clone(), delta.latency.clone());
+            let delta = deltas.get(&sku).cloned().unwrap_or_default();
             let view = ledger::view(&state.store, &state.catalog, &sku).await.ok();
             out.push(SkuFrame {
                 claims_per_second: delta.rates(elapsed),
                 claims_total: current.totals(),
-                p99_claim_latency_seconds: None,
+                idle_seconds: counts.get(&sku).map(|c| c.idle_secs),
+                p99_claim_latency_seconds: state.live.stats.p99(&sku),
                 journal_lag_seconds: journal_lag(state, &sku).await,
                 view,
                 sku,
             });
-        }
-        self.window.push_back(second);
-        if self.window.len() > LATENCY_WINDOW {
-            self.window.pop_front();
-        }
-        for f in &mut out {
-            f.p99_claim_latency_seconds = p99(self.window.iter().filter_map(|s| s.get(&f.sku)));
         }
         self.last = counts;
         self.last_at = Some(now);
@@ -124,12 +120,16 @@ impl Watch {
     }
 }
 
-/// The SKUs this gateway answered claims for, then the catalog's first ones, [`MAX_SKUS`] in
-/// all, in id order.
-async fn active_skus(state: &AppState, counts: &HashMap<String, Counts>) -> Vec<String> {
-    let mut skus: Vec<String> = counts.keys().cloned().collect();
-    skus.sort();
-    skus.truncate(MAX_SKUS);
+/// The SKUs to show, [`MAX_SKUS`] at most: those this gateway answered claims for, most active
+/// first ([`order`]), then the catalog's first ones in id order.
+async fn active_skus(
+    state: &AppState,
+    counts: &HashMap<String, Counts>,
+    deltas: &HashMap<&String, Counts>,
+) -> Vec<String> {
+    let mut skus: Vec<&String> = counts.keys().collect();
+    skus.sort_by(|a, b| order(a, b, counts, deltas));
+    let mut skus: Vec<String> = skus.into_iter().take(MAX_SKUS).cloned().collect();
     if skus.len() < MAX_SKUS {
         let catalog: Vec<String> = sqlx::query_scalar("SELECT sku FROM skus ORDER BY sku LIMIT $1")
             .bind(MAX_SKUS as i64)
@@ -141,9 +141,28 @@ async fn active_skus(state: &AppState, counts: &HashMap<String, Counts>) -> Vec<
                 skus.push(s);
             }
         }
-        skus.sort();
     }
     skus
+}
+
+/// Most active first: claims in the last second, then the most recent claim, then claims
+/// since the gateway started, then the id (a stable order for SKUs alike).
+fn order(
+    a: &String,
+    b: &String,
+    counts: &HashMap<String, Counts>,
+    deltas: &HashMap<&String, Counts>,
+) -> std::cmp::Ordering {
+    let key = |s: &String| {
+        let d = deltas.get(s).map_or(0, Counts::sum);
+        let c = &counts[s];
+        (
+            std::cmp::Reverse(d),
+            c.idle_secs,
+            std::cmp::Reverse(c.sum()),
+        )
+    };
+    key(a).cmp(&key(b)).then_with(|| a.cmp(b))
 }
 
 /// The age of the oldest journal entry of any of the SKU's shards (each shard has a journal
@@ -184,44 +203,4 @@ async fn shard_journal_lag(state: &AppState, name: &str) -> Option<f64> {
     };
     let added_ms: i64 = id.split('-').next()?.parse().ok()?;
     Some(((crate::claims::now_ms() - added_ms).max(0)) as f64 / 1000.0)
-}
-
-/// The upper bound of the bucket holding the 99th percentile of the summed histograms; the
-/// last bucket (over the largest bound) reports the largest bound. `None` without claims.
-fn p99<'a>(seconds: impl Iterator<Item = &'a Vec<u64>>) -> Option<f64> {
-    let mut sum = vec![0u64; LATENCY_BUCKETS.len() + 1];
-    for s in seconds {
-        for (t, v) in sum.iter_mut().zip(s) {
-            *t += v;
-        }
-    }
-    let total: u64 = sum.iter().sum();
-    if total == 0 {
-        return None;
-    }
-    let rank = (total * 99).div_ceil(100);
-    let mut seen = 0;
-    for (i, n) in sum.iter().enumerate() {
-        seen += n;
-        if seen >= rank {
-            return Some(LATENCY_BUCKETS[i.min(LATENCY_BUCKETS.len() - 1)]);
-        }
-    }
-    LATENCY_BUCKETS.last().copied()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_p99_is_the_bucket_holding_the_99th_claim() {
-        let mut h = vec![0u64; LATENCY_BUCKETS.len() + 1];
-        h[0] = 99; // 99 claims under 100 µs
-        h[5] = 1; // one under 5 ms
-        assert_eq!(p99([&h].into_iter()), Some(LATENCY_BUCKETS[0]));
-        h[5] = 2;
-        assert_eq!(p99([&h].into_iter()), Some(LATENCY_BUCKETS[5]));
-        assert_eq!(p99(std::iter::empty()), None);
-    }
 }

@@ -92,7 +92,7 @@ impl Relay {
         let mut listener: Option<PgListener> = None;
         let mut next_sample = Instant::now();
         let mut next_trim = Instant::now();
-        let mut backoff = Duration::ZERO;
+        let mut pauses = crate::pace::retries(BACKOFF_MIN, BACKOFF_MAX);
         loop {
             let now = Instant::now();
             if now >= next_sample {
@@ -115,14 +115,13 @@ impl Relay {
             };
             let failed = match self.round(p).await {
                 Ok(n) => {
-                    backoff = Duration::ZERO;
+                    pauses = crate::pace::retries(BACKOFF_MIN, BACKOFF_MAX);
                     if n as i64 >= BATCH && !shutdown.is_cancelled() {
                         continue;
                     }
                     false
                 }
                 Err(e) => {
-                    backoff = (backoff * 2).clamp(BACKOFF_MIN, BACKOFF_MAX);
                     tracing::debug!(error = %e, "outbox relay round failed; retrying");
                     true
                 }
@@ -130,7 +129,11 @@ impl Relay {
             if shutdown.is_cancelled() {
                 break;
             }
-            let pause = if failed { backoff } else { POLL };
+            let pause = if failed {
+                pauses.next().unwrap_or(BACKOFF_MAX)
+            } else {
+                POLL
+            };
             tokio::select! {
                 woke = wait(&mut listener), if !failed => {
                     match listener.as_mut() {

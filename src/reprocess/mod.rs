@@ -228,9 +228,11 @@ impl Reprocessor {
 
     /// The wait after the `attempt`-th attempt: the backoff, doubled per attempt, capped.
     fn delay(&self, attempt: i32) -> Duration {
-        self.backoff
-            .saturating_mul(1u32 << (attempt - 1).clamp(0, 20))
-            .min(REPROCESS_BACKOFF_CAP)
+        crate::pace::nth_retry(
+            self.backoff,
+            REPROCESS_BACKOFF_CAP,
+            u32::try_from(attempt).unwrap_or(1),
+        )
     }
 
     /// Puts the row back without spending an attempt, after a failure that was not about it.

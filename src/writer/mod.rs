@@ -22,6 +22,7 @@ use crate::activity;
 use crate::error::{DbError, StoreError};
 use crate::freshness::{self, Marks};
 use crate::metrics as m;
+use crate::repeats::{self, Repeats, BACKEND};
 use crate::store::Store;
 
 mod batch;
@@ -44,7 +45,8 @@ pub use quarantine::Quarantined;
 const READ_COUNT: usize = 256;
 /// Every SKU of the active set ([`crate::activity`]) is read this often, wake-up or not.
 const SWEEP: Duration = Duration::from_millis(500);
-/// Retry pace of the writer itself while PostgreSQL or Redis is unreachable.
+/// Retry pace of the writer itself while PostgreSQL or Redis is unreachable (with jitter,
+/// [`crate::pace::retries`]).
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
@@ -137,9 +139,12 @@ impl Writer {
         let mut last_sweep: Option<Instant> = None;
         let mut last_autoclaim = Instant::now();
         let mut last_reap = Instant::now();
+        // Zero while passes succeed; the pause after each failed round otherwise.
         let mut backoff = Duration::ZERO;
+        let mut pauses = crate::pace::retries(BACKOFF_MIN, BACKOFF_MAX);
         // SKUs whose last read came back full: more is waiting.
         let mut unfinished: HashSet<String> = HashSet::new();
+        let faults = Repeats::default();
         loop {
             let stopping = shutdown.is_cancelled();
             let sweep =
@@ -166,18 +171,39 @@ impl Writer {
             }
             let mut moved = 0usize;
             let mut failed = false;
+            // A backend fault is over only after a round without one: a SKU with nothing to
+            // write passes while PostgreSQL is down for the others.
+            let mut backend_failed = false;
             for sku in &targets {
                 match self.pass(sku, autoclaim).await {
                     Ok(n) => {
                         moved += n;
+                        if let Some(end) = faults.clear(sku) {
+                            repeats::ended(sku, end, "writer passes of the SKU succeed again");
+                        }
                         if n >= READ_COUNT {
                             unfinished.insert(sku.clone());
                         }
                     }
                     Err(e) => {
                         failed = true;
-                        tracing::warn!(sku, error = %e, "writer pass failed; the journal keeps the winners");
+                        // Once when it starts, then at most every 10 s with a count.
+                        let key = if e.is_about_sku() {
+                            sku.as_str()
+                        } else {
+                            backend_failed = true;
+                            BACKEND
+                        };
+                        if let Some(o) = faults.occurred(key, &e.to_string()) {
+                            tracing::warn!(sku, error = %e, repeated = o.repeated, for_secs = o.for_secs,
+                                "writer pass failed; the journal keeps the winners");
+                        }
                     }
+                }
+            }
+            if !backend_failed {
+                if let Some(end) = faults.clear(BACKEND) {
+                    repeats::ended(BACKEND, end, "writer passes succeed again");
                 }
             }
             if sweep && !stopping && last_reap.elapsed() > self.claim_idle {
@@ -185,9 +211,10 @@ impl Writer {
                 self.reap_gone_consumers(&active_skus).await;
             }
             if failed {
-                backoff = (backoff * 2).clamp(BACKOFF_MIN, BACKOFF_MAX);
+                backoff = pauses.next().unwrap_or(BACKOFF_MAX);
             } else {
                 backoff = Duration::ZERO;
+                pauses = crate::pace::retries(BACKOFF_MIN, BACKOFF_MAX);
             }
             if stopping {
                 if moved == 0 || failed {
@@ -366,6 +393,14 @@ pub enum WriteError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Db(#[from] DbError),
+}
+
+impl WriteError {
+    /// Whether the failure is about this SKU's Redis state only (lost, stale), not about a
+    /// backend every SKU shares.
+    fn is_about_sku(&self) -> bool {
+        matches!(self, WriteError::Store(e) if e.is_about_sku())
+    }
 }
 
 impl From<sqlx::Error> for WriteError {

@@ -83,32 +83,79 @@ async fn the_live_page_is_self_contained_and_holds_no_data() {
     assert!(page.contains("/admin/live/stream"));
 }
 
-/// Where the screenshot of the page is kept (a test artifact, not committed).
+/// Where the screenshot of the page is kept (a test artifact, not committed; CI keeps the
+/// target dir's tmp/).
 fn screenshot_path() -> String {
     format!("{}/live-page.png", env!("CARGO_TARGET_TMPDIR"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_live_page_renders_a_running_drop_in_headless_chromium() {
-    let app = spawn_app().await;
-    assert_eq!(app.declare("live-drop", 20, 1).await.status(), 201);
-    let answers = release_buyers(&app.api, "live-drop", users("buyer", 25)).await;
-    assert_eq!(answers.iter().filter(|(s, _)| *s == 201).count(), 20);
-    app.drained("live-drop").await;
-
-    // Buyers keep arriving while the page is open: the rates move.
-    let api = app.api.clone();
-    let arriving = tokio::spawn(async move {
+/// Buyers arriving at `sku` every `every` until aborted (new users each time: `prefix-i`).
+fn arriving(
+    api: &crate::helpers::Api,
+    sku: &'static str,
+    prefix: &'static str,
+    every: Duration,
+) -> tokio::task::JoinHandle<()> {
+    let api = api.clone();
+    tokio::spawn(async move {
         for i in 0.. {
             let _ = api
                 .http
-                .post(format!("{}/v1/skus/live-drop/claims", api.base))
-                .bearer_auth(token(&format!("late-{i}")))
+                .post(format!("{}/v1/skus/{sku}/claims", api.base))
+                .bearer_auth(token(&format!("{prefix}-{i}")))
                 .send()
                 .await;
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(every).await;
         }
-    });
+    })
+}
+
+/// Where `needle` first occurs in `dom` (panics when it does not).
+fn at(dom: &str, needle: &str) -> usize {
+    dom.find(needle)
+        .unwrap_or_else(|| panic!("{needle} is not on the page"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_page_charts_a_running_drop_in_headless_chromium() {
+    let chromium = crate::tools::require("chromium", "chromium");
+    let app = spawn_app().await;
+    // An idle SKU that sorts first by name, a drop that sells out, and a large one with holds.
+    assert_eq!(app.declare("aaa-idle", 10, 1).await.status(), 201);
+    assert_eq!(app.declare("live-drop", 20, 1).await.status(), 201);
+    let big = crate::lifecycle::declare_with(
+        &app.api,
+        "big-drop",
+        serde_json::json!({"total": 250_000, "hold_seconds": 600}),
+    )
+    .await;
+    assert_eq!(big.status(), 201);
+    let buyers = users("buyer", 25);
+    let answers = release_buyers(&app.api, "live-drop", buyers.clone()).await;
+    assert_eq!(answers.iter().filter(|(s, _)| *s == 201).count(), 20);
+    // Two of those sold out line up for units that come back.
+    let sold_out: Vec<&String> = buyers
+        .iter()
+        .zip(&answers)
+        .filter(|(_, (s, _))| *s == 409)
+        .map(|(u, _)| u)
+        .take(2)
+        .collect();
+    for user in sold_out {
+        let (status, body) =
+            crate::lifecycle::post_as(&app.api, "/v1/skus/live-drop/waitlist", &token(user)).await;
+        assert!(status == 201 || status == 200, "{status} {body}");
+    }
+    let held = release_buyers(&app.api, "big-drop", users("holder", 30)).await;
+    assert_eq!(held.iter().filter(|(s, _)| *s == 201).count(), 30);
+    app.drained("live-drop").await;
+
+    // Buyers keep arriving while the page is open, far more of them at live-drop: it is the
+    // most active SKU and comes first; the idle one comes last, whatever its name.
+    let late = [
+        arriving(&app.api, "live-drop", "late", Duration::from_millis(40)),
+        arriving(&app.api, "big-drop", "later", Duration::from_millis(400)),
+    ];
 
     let shot = screenshot_path();
     // Installed from Debian's packages when missing (README: the tests need nothing else).
@@ -119,41 +166,75 @@ async fn the_live_page_renders_a_running_drop_in_headless_chromium() {
             "/tests/live/drive_page.py"
         ))
         .arg(format!("{}/admin/live", app.base))
-        .args(["--screenshot", &shot, "--timeout", "60"])
+        .args(["--screenshot", &shot, "--timeout", "90"])
         .args(["--expect", r#"data-sku="live-drop""#])
+        .args(["--expect", r#"data-sku="big-drop""#])
+        .args(["--expect", r#"<tr data-sku="aaa-idle">"#])
         .args(["--expect", r#"<span data-field="remaining">0</span>"#])
         .args([
             "--expect",
-            r#"<small data-field="total"> / 20 left</small>"#,
+            r#"<small data-field="total"> left of 20</small>"#,
+        ])
+        // Thousands separators.
+        .args([
+            "--expect",
+            r#"<small data-field="total"> left of 250,000</small>"#,
         ])
         // 20 won, then every buyer sold out (5, then the late ones).
         .args([
             "--expect",
-            r#"<dd data-field="claims_total">won 20 · sold_out "#,
+            "claims answered by this gateway: won 20 · sold_out ",
         ])
-        // A frame with a baseline: the late buyers' rate and their latency.
-        .args([
-            "--expect",
-            r#"<dd data-field="claims_per_second">won 0 · sold_out "#,
-        ])
+        .args(["--expect", r#"<dd data-field="waitlist">2 · 0</dd>"#])
         .args(["--expect", "ledger balances"])
         .args(["--expect", r#"<dd data-field="recorded">20</dd>"#])
         .args(["--expect", r#"<dd data-field="pending">0</dd>"#])
+        // Every chart of a SKU with claims has drawn eight seconds of history.
+        .args(["--expect", r#"data-chart="claims" data-points="8""#])
+        .args(["--expect", r#"data-chart="p99" data-points="8""#])
+        .args(["--expect", r#"data-chart="remaining" data-points="8""#])
+        .args(["--expect", r#"data-chart="lag" data-points="8""#])
         .env("DROPGATE_LIVE_TOKEN", ADMIN)
+        .env(
+            "PATH",
+            format!(
+                "{}:{}",
+                std::path::Path::new(&chromium).parent().unwrap().display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        )
         .output()
         .await
         .expect("python3 runs tests/live/drive_page.py");
-    arriving.abort();
+    for task in late {
+        task.abort();
+    }
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
-        "the page did not render the drop (is Debian's chromium installed?): {stderr}"
+        "the page did not render the drop: {stderr}"
     );
     let dom = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        at(&dom, r#"data-sku="live-drop""#) < at(&dom, r#"data-sku="big-drop""#)
+            && at(&dom, r#"data-sku="big-drop""#) < at(&dom, r#"data-sku="aaa-idle""#),
+        "SKUs most active first"
+    );
     assert!(
         !dom.contains(r#"data-field="p99">–"#),
         "the p99 of the late buyers shows"
     );
-    assert!(std::fs::metadata(&shot).unwrap().len() > 10_000);
-    println!("live page screenshot: {shot}");
+    // The large drop's holds: 30 held at least (late buyers win more).
+    let big = &dom[at(&dom, r#"data-sku="big-drop""#)..];
+    let holds = &big[at(big, r#"<dd data-field="holds">"#)..];
+    let held: u64 = holds[holds.find('>').unwrap() + 1..]
+        .split(' ')
+        .next()
+        .unwrap()
+        .replace(',', "")
+        .parse()
+        .unwrap();
+    assert!(held >= 30, "{held} held");
+    assert!(std::fs::metadata(&shot).unwrap().len() > 20_000);
+    println!("live page screenshot (taken during the drop): {shot}");
 }

@@ -20,6 +20,8 @@ mod hold_changes;
 mod http;
 mod lifecycle;
 mod live;
+mod logs;
+mod metrics;
 mod model;
 mod observe;
 mod openapi;

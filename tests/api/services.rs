@@ -287,6 +287,8 @@ impl Drop for PrivatePostgres {
 pub struct GatewayProcess {
     pub base: String,
     child: Child,
+    /// Every line the gateway wrote (stdout and stderr), for tests of what it logs.
+    log: std::sync::Arc<parking_lot::Mutex<Vec<String>>>,
 }
 
 impl GatewayProcess {
@@ -357,38 +359,51 @@ impl GatewayProcess {
             cmd.env(k, v);
         }
         let mut child = cmd.spawn().expect("the dropgate binary starts");
+        // The log is read to the end (a full pipe would block the gateway's logging) and kept
+        // for `log_lines`; DROPGATE_TEST_ECHO=1 also shows it, for debugging a failed run.
+        let log = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let (lines_tx, mut lines_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let echo = std::env::var("DROPGATE_TEST_ECHO").is_ok_and(|v| v == "1");
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        // The lines before the address, to say why a gateway that exited did.
-        let mut before = Vec::new();
+        {
+            let log = log.clone();
+            tokio::spawn(async move {
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if echo {
+                        eprintln!("[gateway] {line}");
+                    }
+                    log.lock().push(line.clone());
+                    let _ = lines_tx.send(line);
+                }
+            });
+        }
         let addr = tokio::time::timeout(Duration::from_secs(60), async {
-            while let Ok(Some(line)) = lines.next_line().await {
+            while let Some(line) = lines_rx.recv().await {
                 if let Some(rest) = line.split("listening on ").nth(1) {
                     return rest
                         .split_whitespace()
                         .next()
                         .and_then(|a| a.parse::<SocketAddr>().ok());
                 }
-                before.push(line);
             }
             None
         })
         .await
         .map_err(|_| "the gateway did not log its address within 60 s".to_string())?
-        .ok_or_else(|| format!("the gateway exited before listening: {}", before.join("\n")))?;
-        // Keep reading, so a full pipe never blocks the gateway's logging.
-        // DROPGATE_TEST_ECHO=1 shows the gateway's log, for debugging a failed run.
-        let echo = std::env::var("DROPGATE_TEST_ECHO").is_ok_and(|v| v == "1");
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                if echo {
-                    eprintln!("[{addr}] {line}");
-                }
-            }
-        });
+        .ok_or_else(|| {
+            let before = log.lock().join("\n");
+            format!("the gateway exited before listening: {before}")
+        })?;
         Ok(GatewayProcess {
             base: format!("http://{addr}"),
             child,
+            log,
         })
+    }
+
+    /// The lines the gateway logged so far (its stderr).
+    pub fn log_lines(&self) -> Vec<String> {
+        self.log.lock().clone()
     }
 
     pub async fn sigkill(&mut self) {

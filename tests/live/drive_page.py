@@ -39,7 +39,7 @@ class Browser:
         self.proc = subprocess.Popen(
             [binary, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
              "--disable-extensions", "--remote-debugging-pipe", f"--user-data-dir={self.profile}",
-             "--window-size=1280,900", "about:blank"],
+             "--window-size=1440,900", "about:blank"],
             pass_fds=(3, 4), preexec_fn=wire,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
@@ -136,7 +136,12 @@ def main():
         if token in dom:
             sys.exit("the admin token is in the page's DOM")
 
-        shot = browser.send("Page.captureScreenshot", {"format": "png"})
+        # The whole page, not only the window: every SKU's card is in the picture.
+        size = browser.send("Page.getLayoutMetrics")["cssContentSize"]
+        shot = browser.send("Page.captureScreenshot", {
+            "format": "png", "captureBeyondViewport": True,
+            "clip": {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1},
+        })
         with open(args.screenshot, "wb") as f:
             f.write(base64.b64decode(shot["data"]))
         print(dom)
