@@ -14,6 +14,7 @@
 --
 -- Returns the number of entries acknowledged by this call.
 --
+-- Keeps I2 and I4 (docs/invariants.md).
 -- Invariant: `inflight` drops by an entry's units exactly once, however many writers race to
 -- acknowledge it (only the XACK that returns 1 counts). The stream is then trimmed below the
 -- oldest entry still pending or not yet delivered, so it holds only winners not yet written

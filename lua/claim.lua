@@ -58,6 +58,7 @@
 -- The sale window (opens_ms, closes_ms) and the holds' expiry are decided on Redis's clock
 -- (TIME), one clock for every gateway.
 --
+-- Keeps I1, I2, I3 and I4 (docs/invariants.md).
 -- Invariant: stock never goes below 0 and a user's count never passes `limit`; every unit that
 -- leaves stock is, in the same step, journaled (XADD) and counted in `inflight`, so a crash of
 -- the gateway after this call loses no winner; a call id decides at most once, and never

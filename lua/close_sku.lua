@@ -7,6 +7,7 @@
 -- Returns 1 when the state is gone now (deleted here, or already absent), -4 when a newer
 -- operator action touched the state (this restore lost its lock: nothing changes).
 --
+-- Keeps I1 (docs/invariants.md).
 -- Invariant: a restore whose lock is gone never throws away a state a newer operator action
 -- (a restock, another restore) has moved since, so it cannot rebuild from a total that action
 -- has changed under it.

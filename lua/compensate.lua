@@ -24,6 +24,7 @@
 -- Publishes KEYS[1] on <prefix>:units-back when it raises the stock (give_back in
 -- lib/lifecycle.lua; src/soldout.rs).
 --
+-- Keeps I1 and I4 (docs/invariants.md).
 -- Invariant: a claim's units come back at most once, and only by the reprocessor that fenced
 -- it last, so a stale lease holder can neither give back twice nor give back a claim that a
 -- newer owner is writing. A hold's units come back once whichever ends it: its expiry, a

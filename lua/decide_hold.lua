@@ -12,6 +12,7 @@
 --   2  refused: the hold is already `status` (cancelled, expired, confirmed, compensated)
 --  -1  the SKU state is missing or stale (nothing changes; fail closed)
 --
+-- Keeps I1 and I4 (docs/invariants.md).
 -- Invariant: a hold ends once. Confirm and cancel and the expiry (expire_holds.lua) all read
 -- the hold's status and Redis's clock in one atomic step, so a confirm that races the expiry
 -- has exactly one winner: at or after `expires_ms` the hold expires here (its units come

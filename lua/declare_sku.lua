@@ -18,6 +18,7 @@
 --
 -- Publishes KEYS[1] on <prefix>:units-back when it raises the stock (src/soldout.rs).
 --
+-- Keeps I1 and I4 (docs/invariants.md).
 -- Invariant: stock is written only when the state hash does not exist, so a re-declare or a
 -- restart of every gateway never re-sells units already sold, and stock nobody declared in
 -- this catalog is never sold as this catalog's.

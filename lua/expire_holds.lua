@@ -10,6 +10,7 @@
 -- its expires_ms it expired (Redis's clock); {-1} when another worker holds the lease (nothing
 -- changes); {-2} when the state is missing or stale.
 --
+-- Keeps I1 and I4 (docs/invariants.md).
 -- Invariant: a hold expires once (only a hold still `held` and past its time), its units come
 -- back once, to the waitlist's head first (give_back). The lease only spares duplicate work:
 -- correctness never depends on it, so a worker that lost it mid-batch cannot double anything.

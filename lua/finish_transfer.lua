@@ -7,6 +7,7 @@
 --
 -- Returns 1 when the record was removed now, 0 when there was none (finished before).
 --
+-- Keeps I1 (docs/invariants.md).
 -- Invariant: called only once transfer_in.lua answered for this id (applied, or never
 -- applicable), so the units leave `transfer_out` only when they are in the recipient's stock
 -- (or were never to be); the stock does not move here, so `seq` does not either.

@@ -19,6 +19,7 @@
 --   5  the sale window has not opened, 6 it has closed (nothing changes)
 --  -1  the SKU state is missing or stale (fail closed)
 --
+-- Keeps I3 and I4 (docs/invariants.md).
 -- Invariant: one live entry per user and SKU, in join order; an entry is taken only while the
 -- stock is 0 (units that come back go to the line before open stock, see give_back). On a
 -- sharded SKU this script runs on the joiner's own shard, whose line it joins in ticket order,

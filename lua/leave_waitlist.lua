@@ -8,6 +8,7 @@
 -- 1 the entry has left (now or earlier: status "left"); 2 the entry had already ended
 -- (status claimed or expired; nothing changes); -1 the state is missing or stale.
 --
+-- Keeps I1 and I4 (docs/invariants.md).
 -- Invariant: an entry leaves once; an offer it held is cancelled like any hold, so its unit
 -- goes to the next in line (give_back), never lost and never doubled.
 local eid, caller = ARGV[1], ARGV[2]

@@ -5,6 +5,7 @@
 --
 -- Returns 1 when the state is now marked stale, 0 when there is no state (already lost).
 --
+-- Keeps I1 (docs/invariants.md).
 -- Invariant: a state behind PostgreSQL's high-water mark never sells again; only restore
 -- (which rewrites the whole state from the ledger) clears the mark. The state hash is never
 -- created here, so a lost SKU stays lost rather than half-present.

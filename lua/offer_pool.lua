@@ -13,6 +13,7 @@
 -- Returns {offered, pool left}; {-1, 0} when the state is missing, {-3, 0} when it is marked
 -- stale (nothing changes in either case).
 --
+-- Keeps I1 and I3 (docs/invariants.md).
 -- Invariant: a pooled unit leaves the pool only as an offer (a held claim on this shard,
 -- counted in its buyer's per-user count here, so the per-user limit holds) or, when the
 -- line runs out, stays in the pool; no unit is created or lost; the state's `seq` moves with

@@ -7,6 +7,7 @@
 --
 -- Returns the names removed (an empty array when the journal or the group does not exist).
 --
+-- Keeps I2 (docs/invariants.md).
 -- Invariant: a consumer that holds pending entries is never removed: XGROUP DELCONSUMER
 -- drops them from the group's pending list, and no writer would ever take them over (a lost
 -- winner). The check and the removal are one atomic step, so a writer that reads between

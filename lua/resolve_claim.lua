@@ -13,6 +13,7 @@
 -- user" per winner, in claim order: claim.lua); its other claims did not win and moved
 -- nothing.
 --
+-- Keeps I5 (docs/invariants.md).
 -- Invariant: an uncertain outcome gets exactly one answer. Nothing is decremented here; the
 -- only write is the fence, which makes "not won" final instead of "not won yet".
 local records = KEYS[1]

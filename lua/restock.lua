@@ -27,6 +27,7 @@
 -- Publishes KEYS[1] on <prefix>:units-back when it raises the stock (give_back in
 -- lib/lifecycle.lua; src/soldout.rs).
 --
+-- Keeps I1, I4 and I5 (docs/invariants.md).
 -- Invariant: remaining stock never goes below 0, and one operation moves it at most once: a
 -- retried or late apply finds the marker, and resolve answers an uncertain apply by reading
 -- (fencing it when absent) rather than by sending the delta again. An operator whose lock is

@@ -22,6 +22,7 @@
 --
 -- Publishes KEYS[1] on <prefix>:units-back when it raises the stock (src/soldout.rs).
 --
+-- Keeps I1 and I3 (docs/invariants.md).
 -- Invariant: the state hash is written last and only when absent: claims stay closed (fail
 -- closed) until stock, counts and the journal's group are all back. The caller has waited for
 -- the journal to be empty, so the ledger it read holds every winner. The counts are staged

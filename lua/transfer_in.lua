@@ -23,6 +23,7 @@
 --
 -- Publishes KEYS[1] on <prefix>:units-back when it raises the stock (give_back; src/soldout.rs).
 --
+-- Keeps I1 and I4 (docs/invariants.md).
 -- Invariant: a transfer's units are given back at most once, and only to the generation of
 -- the state they were taken from; pooled units stay kept for the SKU's lines; the state's
 -- `seq` moves with every change journaled.

@@ -24,6 +24,7 @@
 -- recipient of the same generation, so a transfer begun before a restore never adds units to
 -- the state that restore rebuilt.
 --
+-- Keeps I1 and I4 (docs/invariants.md).
 -- Invariant: stock (and the pool) never goes below 0; every unit taken out is, in the same step, counted in
 -- the donor's `transfer_out` and recorded under the transfer id, so a crash after this call
 -- loses none of them (the recovery task finishes the transfer); a transfer id takes units at

@@ -83,7 +83,7 @@ pub struct Verifier {
     validation: Validation,
     admin: Option<Secret>,
     /// Tokens that verified, so a buyer's next attempt skips the HMAC and JSON (the largest
-    /// share of the gateway's own CPU per claim after HTTP itself; README, Performance).
+    /// share of the gateway's own CPU per claim after HTTP itself; docs/performance.md).
     verified: VerifiedTokens,
 }
 

@@ -70,6 +70,7 @@
 //! - [`config`], [`db`] (the ledger's pool and the request path's, kept apart), [`metrics`],
 //!   [`app`] (build, bind, run), [`cli`] (subcommands), [`startup`] (start-up failures said
 //!   once, without passwords, and their exit statuses).
+//! - [`demo`]: `dropgate demo`, a whole drop on this machine through a gateway of its own.
 //!
 //! # The path of a claim
 //!

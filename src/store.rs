@@ -2,9 +2,9 @@
 //!
 //! On a single Redis the claim hot path shares one multiplexed [`ConnectionManager`]: every
 //! request pipelines onto one socket and the manager reconnects by itself after Redis comes
-//! back (measured against a bb8 pool in `benches/claim_path.rs`; see README). The bb8 pool
-//! gives dedicated connections to background work (the journal reader), which must not queue
-//! behind or in front of claims.
+//! back (measured against a bb8 pool in `benches/claim_path.rs`; see docs/performance.md).
+//! The bb8 pool gives dedicated connections to background work (the journal reader), which
+//! must not queue behind or in front of claims.
 //!
 //! On a cluster (`REDIS_URL` lists several nodes) both roles are played by the redis crate's
 //! cluster connection, which multiplexes one socket per node, follows `MOVED` and `ASK`,

@@ -1,7 +1,7 @@
 #!/bin/sh
 # measure.sh GATEWAY_PID REDIS_PORT SECONDS: Redis commands/s and CPU (gateway, redis-server)
 # over SECONDS of an idle gateway, then the commands/s per command. CPU from /proc/<pid>/stat
-# utime+stime (clock ticks, 100/s). How the README's "Idle SKUs cost nothing" was measured:
+# utime+stime (clock ticks, 100/s). How docs/active-set.md's figures were measured:
 #   redis-server --port 6391 --save "" &            # a Redis of its own: INFO counts all
 #   createdb -h 127.0.0.1 -U postgres dg_idle_measure
 #   dropgate serve (REDIS_URL=redis://127.0.0.1:6391, DATABASE_URL=.../dg_idle_measure,

@@ -69,8 +69,8 @@ pub struct Offer {
 }
 
 /// Adjacent offers whose `outbox` ids run against the line: the writer inserts one batch's
-/// events in one statement, in no particular order (README: events of different claims have
-/// no order), so this is shown, not checked.
+/// events in one statement, in no particular order (docs/outbox.md: events of different claims
+/// have no order), so this is shown, not checked.
 pub fn outbox_inversions(offers: &[Offer]) -> usize {
     let mut by_id = offers.to_vec();
     by_id.sort_by_key(|o| o.event_id);

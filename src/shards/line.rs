@@ -3,7 +3,7 @@
 //! A buyer joins the line of its own shard (the shard its claims route to,
 //! [`super::shard_of_user`]), and its offer is made on that shard, so the offer is a held claim
 //! counted in the same per-user count as every other claim of the buyer: one script sees all
-//! of a buyer's units, and the per-user limit holds (invariant 3) as on a SKU of one shard.
+//! of a buyer's units, and the per-user limit holds (I3) as on a SKU of one shard.
 //!
 //! What no single-slot script can see is the other shards; three things bridge that, so the
 //! SKU keeps one first-come-first-served line as a SKU of one shard does:

@@ -1,7 +1,7 @@
 //! Offers of a sharded SKU's waitlists over time: a lapsed offer passes on to another shard's
 //! line, holds that expire on shards without a line reach the lines through the recovery task,
 //! restore brings each line and offer back on its buyer's shard, and a buyer holding an offer
-//! never holds more than its per-user limit (invariant 3).
+//! never holds more than its per-user limit (I3).
 
 use std::time::Duration;
 

@@ -135,7 +135,7 @@ impl Nemesis {
         }
         // Past one refresh of every gateway's marks (1 s): the rollback then loses more than
         // what any gateway could still be unaware of, which is the case dropgate detects
-        // before a sale (README: "where it stops" names the shorter window).
+        // before a sale (docs/durability.md, "Other limits", names the shorter window).
         tokio::time::sleep(Duration::from_millis(1500)).await;
         self.redis.kill();
         self.redis.roll_back_to(&snapshot);
