@@ -83,7 +83,7 @@ async fn check_schema(pool: &PgPool, url: &str) -> Result<(), Failure> {
         return Err(Failure::new(
             Exit::Schema,
             format!(
-                "the database of {at} holds no dropgate schema: is DATABASE_URL the gateway's                  database? ({serve})"
+                "the database of {at} holds no dropgate schema: is DATABASE_URL the gateway's database? ({serve})"
             ),
         ));
     }
