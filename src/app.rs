@@ -154,7 +154,6 @@ impl Application {
         };
         let expirer = Expirer {
             store: store.clone(),
-            db: db.clone(),
             owner: uuid::Uuid::new_v4(),
         };
         let observer = Observer::new(

@@ -323,11 +323,11 @@ impl Watcher {
         let due: Vec<String> = due.into_iter().map(|(sku, _)| sku).collect();
         let ticket = self.cache.ticket();
         for (sku, layout) in &sharded {
-            match crate::shards::view::survey(&self.store, sku, *layout).await {
-                Ok(states) if states.iter().all(|s| s.stock == 0 && s.pending.is_empty()) => {
-                    self.cache.learn(sku, *layout, ticket)
-                }
-                Ok(_) => self.cache.forget(sku),
+            // One reading of every shard at one instant (two that agree): a single pass can
+            // see a shard before a transfer landed there and its donor after it left.
+            match crate::shards::view::all_dry(&self.store, sku, *layout).await {
+                Ok(true) => self.cache.learn(sku, *layout, ticket),
+                Ok(false) => self.cache.forget(sku),
                 Err(e) => tracing::debug!(sku, error = %e, "sold-out re-check failed"),
             }
         }

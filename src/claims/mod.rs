@@ -39,9 +39,11 @@ use call::{decide_batch, definite, probe, resolve};
 /// Most claims decided by one script call; bounds the script's run time inside Redis (and is
 /// what a call id's index can number).
 pub const MAX_BATCH: usize = ids::CALL_CLAIMS;
-/// Refills (each followed by a new call) a claim on a sharded SKU may wait for before it is
-/// answered sold out while units remain on some shard (others took what came).
-const BORROW_ROUNDS: usize = 3;
+/// Refills (each followed by a new call) a claim on a sharded SKU may wait for. Each refill
+/// that does not prove the SKU sold out brought units or saw some left, which other claims
+/// took first; a claim still without a unit after this many is shed (429 `overloaded`, with
+/// Retry-After), never told `sold_out` while units remain ([`crate::shards::borrow`]).
+const BORROW_ROUNDS: usize = 16;
 
 /// What the gateway answers for a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,7 +54,9 @@ pub enum Outcome {
     SoldOut,
     LimitReached,
     KeyReused,
-    /// Shed before reaching Redis: too many claims already wait on this SKU. Nothing moved.
+    /// Shed: too many claims already wait on this SKU (before reaching Redis), or a claim on a
+    /// sharded SKU found no unit in [`BORROW_ROUNDS`] refills while units remained. Nothing
+    /// moved.
     Shed,
     /// The sale window has not opened / has closed (Redis's clock).
     NotOpen,
@@ -140,8 +144,10 @@ impl ClaimService {
     /// mark, the tag carried in the claim id (see [`crate::ids`]), the shard count).
     ///
     /// On a sharded SKU the claim goes to its buyer's shard ([`crate::shards`]); a sold out
-    /// there borrows units from a sibling and decides again (a new call), and is answered only
-    /// when every shard is dry and no transfer is in flight, or after [`BORROW_ROUNDS`].
+    /// there borrows units from a sibling and decides again (a new call), and is answered
+    /// `sold_out` only when one reading of every shard finds them dry with no transfer in
+    /// flight (or too few units on all of them together); after [`BORROW_ROUNDS`] refills that
+    /// proved neither it is shed.
     ///
     /// # Errors
     /// A [`StoreError`] when Redis did not decide. [`StoreError::OutcomeUnknown`] when the call
@@ -186,6 +192,8 @@ impl ClaimService {
         // Kept for a retry only where one can happen: a SKU of one shard copies nothing.
         let again = layout.is_sharded().then(|| input.clone());
         let mut decided = self.decide(name, entry.tag, input).await;
+        // On a sharded SKU, whether a refill proved the sold out this claim was answered.
+        let mut proven = !layout.is_sharded();
         if let Some(input) = again {
             let mut rounds = 0;
             while let Ok((_, Decision::SoldOut { .. })) = decided {
@@ -203,9 +211,13 @@ impl ClaimService {
                     }
                     Ok(Refill::Dry) => {
                         self.sold_out.learn(sku, layout, ticket);
+                        proven = true;
                         break;
                     }
-                    Ok(Refill::Short) => break,
+                    Ok(Refill::Short) => {
+                        proven = true;
+                        break;
+                    }
                     // The claim decided sold out and moved nothing; a shard failing closed or
                     // unreachable means the SKU cannot be said sold out either.
                     Err(e) => return Err(definite(&e)),
@@ -250,6 +262,9 @@ impl ClaimService {
             }),
             Decision::NotOpen => Outcome::NotOpen,
             Decision::Closed => Outcome::Closed,
+            // Units remain on some shard, and other claims kept taking them first: nothing
+            // moved for this claim, and it may try again.
+            Decision::SoldOut { .. } if !proven => Outcome::Shed,
             Decision::SoldOut { remaining } => {
                 // A sharded SKU is known sold out only by a refill that found every shard dry.
                 if remaining == 0 && !layout.is_sharded() {

@@ -9,11 +9,10 @@
 use std::time::Duration;
 
 use metrics::{counter, describe_counter, describe_histogram, histogram};
-use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::error::{DbError, StoreError};
+use crate::error::StoreError;
 use crate::repeats::{self, Repeats, BACKEND};
 use crate::scripts::SCRIPTS;
 use crate::store::Store;
@@ -69,12 +68,11 @@ pub fn count_offers(result: &'static str, n: usize) {
     }
 }
 
-/// Expires due holds of the active SKUs ([`crate::activity`]) that take holds or have a
-/// waitlist: a SKU with holds stays in the active set until they end, so idle SKUs of the
-/// catalog cost nothing here.
+/// Expires due holds of the active SKUs ([`crate::activity`]) that have holds in Redis: a SKU
+/// with holds stays in the active set until they end, so idle SKUs of the catalog cost
+/// nothing here.
 pub struct Expirer {
     pub store: Store,
-    pub db: PgPool,
     /// This worker's lease token.
     pub owner: Uuid,
 }
@@ -132,39 +130,17 @@ impl Expirer {
         tracing::info!(owner = %self.owner, "expiry worker stopped");
     }
 
-    /// The active SKUs that take holds or have a live waitlist (an offer is a hold even on a
-    /// SKU whose claims are final at once).
-    async fn skus(&self) -> Result<Vec<String>, ListError> {
+    /// The active Redis SKUs (shards included) that hold holds now, as Redis tells: a SKU
+    /// whose expiry set exists. Never the catalog's terms: a hold keeps the `expires_at` it
+    /// was given, so a SKU whose `hold_seconds` was set to 0 (or left out of a re-declare)
+    /// while holds were live still has them to expire (API.md; an offer is a hold too).
+    async fn skus(&self) -> Result<Vec<String>, StoreError> {
         let mut active = crate::activity::members(&self.store).await?;
         // And what this gateway marked itself, even if the set lost it.
         active.extend(self.store.recent_marks().recent());
-        if active.is_empty() {
-            return Ok(active);
-        }
-        // Members are Redis names: a shard of a sharded SKU (`sku#i`) has holds of its own
-        // when its catalog SKU takes holds.
-        let catalog_skus: Vec<&str> = active
-            .iter()
-            .map(|n| crate::keys::split_shard(n).0)
-            .collect();
-        let with_holds: std::collections::HashSet<String> = sqlx::query_scalar(
-            "SELECT sku FROM skus WHERE sku = ANY($1) AND hold_seconds > 0
-             UNION SELECT sku FROM waitlist
-                    WHERE sku = ANY($1) AND status IN ('waiting', 'offered')",
-        )
-        .bind(&catalog_skus)
-        .fetch_all(&self.db)
-        .await
-        .map_err(DbError::from)?
-        .into_iter()
-        .collect();
-        let mut names: Vec<String> = active
-            .into_iter()
-            .filter(|n| with_holds.contains(crate::keys::split_shard(n).0))
-            .collect();
-        names.sort();
-        names.dedup();
-        Ok(names)
+        active.sort();
+        active.dedup();
+        with_holds(&self.store, active).await
     }
 
     /// Expires the SKU's due holds, a batch per call, until none is due or another worker
@@ -217,10 +193,41 @@ fn cleared(faults: &Repeats, key: &str, message: &str) {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-enum ListError {
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error(transparent)]
-    Db(#[from] DbError),
+/// The names among `names` whose expiry set exists (empty sorted sets do not exist in Redis,
+/// so `EXISTS` says whether any hold or offer is left to end). One pipeline on a single Redis;
+/// on a Cluster one read per name (each its own slot), all in flight together.
+///
+/// # Errors
+/// Redis unreachable or timed out.
+pub async fn with_holds(store: &Store, names: Vec<String>) -> Result<Vec<String>, StoreError> {
+    if names.is_empty() {
+        return Ok(names);
+    }
+    let found: Vec<bool> = if store.is_cluster() {
+        // A pipeline cannot span slots: one read per name, all in flight together.
+        let reads = names.iter().map(|name| {
+            let mut con = store.hot();
+            let cmd = redis::cmd("EXISTS")
+                .arg(store.keys(name).expiry())
+                .to_owned();
+            async move { cmd.query_async::<bool>(&mut con).await }
+        });
+        store
+            .bounded(async { Ok(futures_util::future::try_join_all(reads).await?) })
+            .await?
+    } else {
+        let mut pipe = redis::pipe();
+        for name in &names {
+            pipe.cmd("EXISTS").arg(store.keys(name).expiry());
+        }
+        let mut con = store.hot();
+        store
+            .bounded(async { Ok(pipe.query_async(&mut con).await?) })
+            .await?
+    };
+    Ok(names
+        .into_iter()
+        .zip(found)
+        .filter_map(|(name, held)| held.then_some(name))
+        .collect())
 }

@@ -19,6 +19,25 @@ pub struct ShardState {
     pub transfer_out: i64,
     /// Those transfers.
     pub pending: Vec<Pending>,
+    /// The state's sequence: it moves with every change of the stock and every transfer
+    /// taken out ([`settled`] compares two readings by it).
+    pub seq: i64,
+}
+
+impl ShardState {
+    /// No open stock and no transfer taken out of this shard and not yet forgotten.
+    pub fn is_dry(&self) -> bool {
+        self.stock == 0 && self.pending.is_empty()
+    }
+}
+
+/// Two readings of every shard show the same stock, pool, sequence and transfers (the
+/// in-flight count moves with the writer's acknowledgements, which change no stock).
+fn agree(a: &[ShardState], b: &[ShardState]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| {
+            (x.seq, x.stock, x.pool, &x.pending) == (y.seq, y.stock, y.pool, &y.pending)
+        })
 }
 
 /// A shard's line in the SKU view (`shards: [...]`, only on a SKU of more than one shard).
@@ -67,6 +86,7 @@ async fn read_shard(store: &Store, name: &str, shard: u16) -> Result<ShardState,
         Option<i64>,
         Option<String>,
         Option<i64>,
+        Option<i64>,
     );
     let (head, pending): (Head, Vec<(String, String)>) = store
         .bounded(async {
@@ -78,13 +98,14 @@ async fn read_shard(store: &Store, name: &str, shard: u16) -> Result<ShardState,
                 .arg("transfer_out")
                 .arg("stale")
                 .arg("wl_pool")
+                .arg("seq")
                 .cmd("HGETALL")
                 .arg(keys.transfers())
                 .query_async(&mut con)
                 .await?)
         })
         .await?;
-    let (Some(stock), in_flight, transfer_out, stale, pool) = head else {
+    let (Some(stock), in_flight, transfer_out, stale, pool, seq) = head else {
         return Err(StoreError::SkuLost);
     };
     if stale.is_some() {
@@ -99,7 +120,53 @@ async fn read_shard(store: &Store, name: &str, shard: u16) -> Result<ShardState,
             .iter()
             .filter_map(|(id, rec)| Pending::parse(shard, id, rec))
             .collect(),
+        seq: seq.unwrap_or(0),
     })
+}
+
+/// Readings of every shard of `sku` taken until two in a row agree (the same sequence, stock
+/// and transfers on every shard), at most `tries` readings; `None` when they never did.
+///
+/// One [`survey`] is no snapshot: it reads the shards one by one, so it can see shard A
+/// before a transfer from B to A landed and B after it left, and call units that exist
+/// nowhere. Two agreeing readings are one: each shard's state stayed the same from its first
+/// read to its second, and every first read came before every second, so at the instant of
+/// the last first read every shard was in the state both readings show. That is what lets a
+/// refill say `sold_out` ([`super::borrow`]) and the sold-out fast path refuse from memory
+/// (src/soldout.rs).
+///
+/// # Errors
+/// As [`survey`].
+pub async fn settled(
+    store: &Store,
+    sku: &str,
+    layout: Layout,
+    tries: usize,
+) -> Result<Option<Vec<ShardState>>, StoreError> {
+    let mut last = survey(store, sku, layout).await?;
+    for _ in 1..tries {
+        let now = survey(store, sku, layout).await?;
+        if agree(&now, &last) {
+            return Ok(Some(now));
+        }
+        last = now;
+    }
+    Ok(None)
+}
+
+/// Whether every shard of `sku` was dry at one instant, with no transfer in flight
+/// ([`settled`]): `false` when units remain, or when the readings never agreed.
+///
+/// # Errors
+/// As [`survey`].
+pub async fn all_dry(store: &Store, sku: &str, layout: Layout) -> Result<bool, StoreError> {
+    // A first reading that finds units settles the question at once.
+    let first = survey(store, sku, layout).await?;
+    if !first.iter().all(ShardState::is_dry) {
+        return Ok(false);
+    }
+    let second = survey(store, sku, layout).await?;
+    Ok(agree(&first, &second))
 }
 
 /// The Redis side of a sharded SKU's view: stock and in-flight units summed over the shards,
