@@ -19,6 +19,7 @@ mod helpers;
 mod hold_changes;
 mod http;
 mod lifecycle;
+mod lifecycle_table;
 mod live;
 mod logs;
 mod metrics;
