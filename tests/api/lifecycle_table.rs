@@ -1,7 +1,7 @@
-//! The one lifecycle table (`src/lifecycle/status.rs`) holds everything that writes a status:
-//! the Lua scripts' status literals, the SQL CHECKs of a migrated database, the outbox's
-//! events, and the transitions the writer's statements perform when run on every pair of
-//! statuses. A status or a step that is not in the table fails here.
+//! The one lifecycle table (`src/lifecycle/status.rs`, its steps in `status/steps.rs`) holds
+//! everything that writes a status: the Lua scripts' status literals, the SQL CHECKs of a
+//! migrated database, the outbox's events, and the transitions the writer's statements perform
+//! when run on every pair of statuses. A status or a step that is not in the table fails here.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
@@ -96,8 +96,8 @@ fn scripts() -> Vec<(String, String)> {
 fn code_of(line: &str) -> &str {
     let mut quote = None;
     let b = line.as_bytes();
-    for i in 0..b.len() {
-        match (quote, b[i]) {
+    for (i, &c) in b.iter().enumerate() {
+        match (quote, c) {
             (None, q @ (b'\'' | b'"')) => quote = Some(q),
             (Some(q), c) if c == q => quote = None,
             (None, b'-') if b.get(i + 1) == Some(&b'-') => return &line[..i],

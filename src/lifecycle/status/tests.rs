@@ -1,3 +1,4 @@
+use super::steps::APPLY_CHANGES;
 use super::*;
 
 #[test]
