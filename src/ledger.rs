@@ -8,6 +8,7 @@ use uuid::Uuid;
 use crate::catalog::{self, Catalog};
 use crate::error::DbError;
 use crate::inventory::{InventoryError, Refusal};
+use crate::lifecycle::status::ClaimStatus;
 use crate::store::Store;
 
 /// A claim as `GET /v1/claims/{id}` shows it.
@@ -17,7 +18,7 @@ pub struct ClaimRow {
     pub sku: String,
     pub user: String,
     pub quantity: i32,
-    pub status: String,
+    pub status: ClaimStatus,
     pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
     pub created_at: chrono::DateTime<chrono::Utc>,
 }

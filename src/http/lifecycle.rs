@@ -12,6 +12,7 @@ use super::routes::{check_sku, header, json, Result};
 use crate::app::AppState;
 use crate::auth::{AuthError, Buyer};
 use crate::lifecycle::holds::{self, HoldAnswer, HoldOp};
+use crate::lifecycle::status::{ClaimStatus, EntryStatus};
 use crate::lifecycle::waitlist::{self, Joined, Left};
 
 /// The caller: `None` for the admin (who may act on any claim or entry), else the buyer and
@@ -54,7 +55,7 @@ pub(super) async fn decide_hold(
     let answer = holds::decide(&state.store, &state.catalog, id, user, op).await?;
     match answer {
         HoldAnswer::NotFound => return Err(ApiError::UnknownClaim),
-        HoldAnswer::Refused(status) => return Err(refusal(&status)),
+        HoldAnswer::Refused(status) => return Err(refusal(status)),
         HoldAnswer::Done => {}
     }
     let claim = holds::find_claim(&state.store, &state.catalog, id)
@@ -64,11 +65,11 @@ pub(super) async fn decide_hold(
 }
 
 /// The 409 of a hold that already ended otherwise.
-fn refusal(status: &str) -> ApiError {
+fn refusal(status: ClaimStatus) -> ApiError {
     match status {
-        "cancelled" => ApiError::ClaimCancelled,
-        "expired" => ApiError::HoldExpired,
-        "compensated" => ApiError::ClaimCompensated,
+        ClaimStatus::Cancelled => ApiError::ClaimCancelled,
+        ClaimStatus::Expired => ApiError::HoldExpired,
+        ClaimStatus::Compensated => ApiError::ClaimCompensated,
         // Confirmed, or a claim that was final at once: neither can be cancelled.
         _ => ApiError::ClaimConfirmed,
     }
@@ -79,7 +80,7 @@ struct JoinResponse {
     entry_id: Uuid,
     /// The place in line (1: next to be offered); 0 when the entry holds an offer.
     position: i64,
-    status: &'static str,
+    status: EntryStatus,
 }
 
 pub(super) async fn join_waitlist(
@@ -112,7 +113,11 @@ pub(super) async fn join_waitlist(
     let resp = JoinResponse {
         entry_id,
         position,
-        status: if position == 0 { "offered" } else { "waiting" },
+        status: if position == 0 {
+            EntryStatus::Offered
+        } else {
+            EntryStatus::Waiting
+        },
     };
     Ok(json(status, &resp))
 }

@@ -16,6 +16,7 @@ use crate::catalog::valid_sku_id;
 use crate::claims::{Outcome, WonClaim};
 use crate::error::StoreError;
 use crate::lifecycle::holds;
+use crate::lifecycle::status::ClaimStatus;
 use crate::observe::Closed;
 use crate::settle::Settled;
 use crate::{ledger, metrics as m};
@@ -35,7 +36,7 @@ struct ClaimResponse<'a> {
     sku: &'a str,
     user: &'a str,
     quantity: u32,
-    status: &'static str,
+    status: ClaimStatus,
     expires_at: Option<String>,
     remaining: i64,
 }
@@ -170,9 +171,9 @@ fn won_response(sku: &str, user: &str, won: &WonClaim, replayed: bool) -> Respon
             user,
             quantity: won.quantity,
             status: if won.expires_ms.is_some() {
-                "held"
+                ClaimStatus::Held
             } else {
-                "issued"
+                ClaimStatus::Issued
             },
             expires_at: won
                 .expires_ms
@@ -245,7 +246,7 @@ fn unsettled_claim(
             sku: c.sku,
             user: c.user,
             quantity: c.quantity as i32,
-            status: "issued".into(),
+            status: ClaimStatus::Issued,
             expires_at: None,
             created_at: crate::ids::created_at(&id),
         }),

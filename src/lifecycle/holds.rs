@@ -5,6 +5,7 @@
 use uuid::Uuid;
 
 use super::records::{claim_in_call_record, Hold};
+use super::status::ClaimStatus;
 use super::{sku_of, LifecycleError};
 use crate::catalog::Catalog;
 use crate::error::StoreError;
@@ -28,10 +29,10 @@ impl HoldOp {
     }
 
     /// The status the operation leads to.
-    pub fn target(self) -> &'static str {
+    pub fn target(self) -> ClaimStatus {
         match self {
-            HoldOp::Confirm => "confirmed",
-            HoldOp::Cancel => "cancelled",
+            HoldOp::Confirm => ClaimStatus::Confirmed,
+            HoldOp::Cancel => ClaimStatus::Cancelled,
         }
     }
 }
@@ -45,7 +46,7 @@ pub enum HoldAnswer {
     Done,
     /// The claim already ended otherwise: its status (`cancelled`, `expired`, `confirmed`,
     /// `compensated`, or `issued` for a claim that was final at once).
-    Refused(String),
+    Refused(ClaimStatus),
 }
 
 /// The claim as `GET /v1/claims/{id}` shows it: the ledger's row, with a hold's status as
@@ -61,7 +62,7 @@ pub async fn find_claim(
 ) -> Result<Option<ClaimRow>, LifecycleError> {
     let row = ledger::find_claim(catalog.db(), id).await?;
     if let Some(r) = &row {
-        if r.status != "held" {
+        if r.status != ClaimStatus::Held {
             return Ok(row);
         }
     }
@@ -103,7 +104,7 @@ pub async fn find_claim(
             sku: sku.sku.clone(),
             user,
             quantity,
-            status: "issued".into(),
+            status: ClaimStatus::Issued,
             expires_at: None,
             created_at,
         },
@@ -135,7 +136,7 @@ async fn decide_on(
         crate::activity::with_mark(store, name, call).await?;
     match code {
         1 => {
-            super::expiry::count_decision(op.target());
+            super::expiry::count_decision(op.target().as_str());
             // Answered only once the replicas hold it, as a win is (src/claims/call.rs): without
             // that a failover could undo it, so its outcome is as unknown as a timeout's;
             // the client's retry is idempotent and answers from what Redis then holds.
@@ -145,7 +146,10 @@ async fn decide_on(
             }
             Ok(Some(HoldAnswer::Done))
         }
-        2 => Ok(Some(HoldAnswer::Refused(status))),
+        2 => match status.parse() {
+            Ok(status) => Ok(Some(HoldAnswer::Refused(status))),
+            Err(e) => Err(StoreError::Protocol(format!("decide_hold.lua: {e}")).into()),
+        },
         -1 => Err(StoreError::SkuLost.into()),
         _ => Ok(None),
     }
@@ -217,11 +221,11 @@ pub async fn decide(
     if caller.is_some_and(|u| u != row.user) {
         return Ok(HoldAnswer::NotFound);
     }
-    Ok(match row.status.as_str() {
+    Ok(match row.status {
         s if s == op.target() => HoldAnswer::Done,
-        "issued" if op == HoldOp::Confirm => HoldAnswer::Done,
+        ClaimStatus::Issued if op == HoldOp::Confirm => HoldAnswer::Done,
         // A hold the ledger has and Redis does not: Redis lost it; fail closed until restore.
-        "held" => return Err(StoreError::SkuLost.into()),
-        other => HoldAnswer::Refused(other.to_string()),
+        ClaimStatus::Held => return Err(StoreError::SkuLost.into()),
+        other => HoldAnswer::Refused(other),
     })
 }

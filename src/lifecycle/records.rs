@@ -1,10 +1,12 @@
 //! The Redis records of holds and waitlist entries, as `lua/lib/lifecycle.lua` packs them, and
 //! the call record claim.lua keeps for read-backs.
 
+use super::status::{ClaimStatus, EntryStatus};
+
 /// "status|quantity|expires_ms|offer(0/1)|len(user)|user".
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hold {
-    pub status: String,
+    pub status: ClaimStatus,
     pub quantity: i32,
     pub expires_ms: i64,
     pub offer: bool,
@@ -14,7 +16,7 @@ pub struct Hold {
 impl Hold {
     pub fn parse(raw: &str) -> Option<Hold> {
         let mut it = raw.splitn(6, '|');
-        let status = it.next()?.to_string();
+        let status = it.next()?.parse().ok()?;
         let quantity = it.next()?.parse().ok()?;
         let expires_ms = it.next()?.parse().ok()?;
         let offer = it.next()? == "1";
@@ -33,7 +35,7 @@ impl Hold {
 /// "status|order|joined_ms|len(user)|user".
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
-    pub status: String,
+    pub status: EntryStatus,
     pub order: i64,
     pub joined_ms: i64,
     pub user: String,
@@ -42,7 +44,7 @@ pub struct Entry {
 impl Entry {
     pub fn parse(raw: &str) -> Option<Entry> {
         let mut it = raw.splitn(5, '|');
-        let status = it.next()?.to_string();
+        let status = it.next()?.parse().ok()?;
         let order = it.next()?.parse().ok()?;
         let joined_ms = it.next()?.parse().ok()?;
         let len: usize = it.next()?.parse().ok()?;

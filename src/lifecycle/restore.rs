@@ -23,7 +23,7 @@ struct EntryRow {
     entry_id: uuid::Uuid,
     user_id: String,
     position: i64,
-    status: String,
+    status: super::status::EntryStatus,
     joined_ms: i64,
 }
 
@@ -116,7 +116,7 @@ pub async fn stage(
             .ignore()
             .hset(keys.waitlist_users(), &e.user_id, &id)
             .ignore();
-        if e.status == "waiting" {
+        if e.status == super::status::EntryStatus::Waiting {
             pipe.zadd(keys.waitlist(), &id, e.position).ignore();
         }
         pipes.flush_full(store, con).await?;

@@ -7,6 +7,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::records::{Entry, Hold};
+use super::status::EntryStatus;
 use super::{sku_of, LifecycleError};
 use crate::catalog::{Catalog, Sku};
 use crate::error::StoreError;
@@ -20,7 +21,7 @@ pub struct EntryView {
     pub sku: String,
     pub user: String,
     /// `waiting`, `offered`, `claimed`, `expired` or `left`.
-    pub status: String,
+    pub status: EntryStatus,
     /// The place in line while waiting (1: next to be offered); `null` otherwise.
     pub position: Option<i64>,
     /// The held claim of the offer, once offered.
@@ -189,17 +190,17 @@ async fn from_redis(
         return Ok(None);
     };
     let hold = hold.as_deref().and_then(Hold::parse);
-    let offered = matches!(e.status.as_str(), "offered" | "claimed");
+    let offered = matches!(e.status, EntryStatus::Offered | EntryStatus::Claimed);
     Ok(Some(EntryView {
         entry_id,
         sku: sku.to_string(),
         user: e.user,
-        position: (e.status == "waiting")
+        position: (e.status == EntryStatus::Waiting)
             .then(|| rank.map(|r| r + 1))
             .flatten(),
         claim_id: offered.then_some(entry_id),
         expires_at: hold
-            .filter(|_| e.status == "offered")
+            .filter(|_| e.status == EntryStatus::Offered)
             .and_then(|h| chrono::DateTime::from_timestamp_millis(h.expires_ms)),
         status: e.status,
     }))
@@ -268,8 +269,8 @@ pub async fn leave(
     }
     Ok(match find(store, catalog, entry_id, caller).await? {
         None => Left::NotFound,
-        Some(v) if v.status == "left" => Left::Left,
-        Some(v) if v.status == "waiting" || v.status == "offered" => {
+        Some(v) if v.status == EntryStatus::Left => Left::Left,
+        Some(v) if v.status.is_live() => {
             // The ledger has a live entry that Redis does not: Redis lost it (restore).
             return Err(StoreError::SkuLost.into());
         }

@@ -13,6 +13,8 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::lifecycle::status::ClaimStatus;
+
 /// What happened to a claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventKind {
@@ -64,11 +66,11 @@ impl EventKind {
     }
 
     /// The event of a hold's change to `status` (confirmed, cancelled, expired).
-    pub fn of_change(status: &str) -> Option<EventKind> {
+    pub fn of_change(status: ClaimStatus) -> Option<EventKind> {
         match status {
-            "confirmed" => Some(EventKind::Confirmed),
-            "cancelled" => Some(EventKind::Cancelled),
-            "expired" => Some(EventKind::Expired),
+            ClaimStatus::Confirmed => Some(EventKind::Confirmed),
+            ClaimStatus::Cancelled => Some(EventKind::Cancelled),
+            ClaimStatus::Expired => Some(EventKind::Expired),
             _ => None,
         }
     }
@@ -84,7 +86,7 @@ pub struct OutboxRow {
     pub sku: String,
     pub user_id: String,
     pub quantity: i32,
-    pub status: String,
+    pub status: ClaimStatus,
     pub occurred_at: DateTime<Utc>,
     /// When the row was written (the relay's lag is measured from it).
     pub created_at: DateTime<Utc>,
@@ -121,7 +123,7 @@ impl OutboxRow {
             sku: &self.sku,
             user: &self.user_id,
             quantity: self.quantity,
-            status: &self.status,
+            status: self.status.as_str(),
             seq: self.seq,
             time: self
                 .occurred_at
@@ -166,7 +168,7 @@ mod tests {
             sku: sku.into(),
             user_id: "u-1".into(),
             quantity: 2,
-            status: "issued".into(),
+            status: ClaimStatus::Issued,
             occurred_at: DateTime::from_timestamp_millis(1_700_000_000_123).unwrap(),
             created_at: DateTime::from_timestamp_millis(1_700_000_000_200).unwrap(),
         }
@@ -188,11 +190,11 @@ mod tests {
         assert!(!EventKind::Compensated.creates());
         for s in ["confirmed", "cancelled", "expired"] {
             assert_eq!(
-                EventKind::of_change(s).map(|k| k.as_str()),
+                EventKind::of_change(s.parse().unwrap()).map(|k| k.as_str()),
                 Some(&*format!("claim.{s}"))
             );
         }
-        assert_eq!(EventKind::of_change("held"), None);
+        assert_eq!(EventKind::of_change(ClaimStatus::Held), None);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use super::events::{EventKind, OutboxRow};
 use crate::error::DbError;
+use crate::lifecycle::status::ClaimStatus;
 
 /// An event to record in the caller's transaction.
 #[derive(Debug)]
@@ -24,7 +25,7 @@ pub struct NewEvent<'a> {
     pub user: &'a str,
     pub quantity: i32,
     /// The claim's status after the event.
-    pub status: &'a str,
+    pub status: ClaimStatus,
     /// When the transition happened; `None`: now (the transaction's time).
     pub occurred_at: Option<DateTime<Utc>>,
 }

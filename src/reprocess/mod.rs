@@ -20,6 +20,7 @@ use uuid::Uuid;
 
 use crate::config::REPROCESS_BACKOFF_CAP;
 use crate::error::{DbError, StoreError};
+use crate::lifecycle::status::ClaimStatus;
 use crate::metrics as m;
 use crate::scripts::SCRIPTS;
 use crate::store::Store;
@@ -196,11 +197,11 @@ impl Reprocessor {
                 m::compensated(i64::from(row.quantity));
                 tracing::warn!(claim_id = %row.claim_id, sku = %row.sku, units = row.quantity,
                     attempts, "claim compensated after its last attempt");
-                (code == 4).then_some("confirmed")
+                (code == 4).then_some(ClaimStatus::Confirmed)
             }
             // A hold that had already ended: its units came back then.
-            3 => Some("cancelled"),
-            5 => Some("expired"),
+            3 => Some(ClaimStatus::Cancelled),
+            5 => Some(ClaimStatus::Expired),
             0 => None,
             -2 => return Ok(()),
             _ => return Err(StoreError::SkuLost.into()),
@@ -213,14 +214,14 @@ impl Reprocessor {
         row: &PendingRow,
         attempts: i32,
         reason: Option<&str>,
-        ended: Option<&str>,
+        ended: Option<ClaimStatus>,
     ) -> Result<(), ReprocessError> {
         let live =
             rows::mark_compensated(&self.db, row, self.owner, attempts, reason, ended).await?;
         if let Some(status) = live {
             // Only a compensation given back before decisions were recorded first can get
             // here; the view shows the mismatch and an operator settles the claim.
-            tracing::error!(claim_id = %row.claim_id, sku = %row.sku, status,
+            tracing::error!(claim_id = %row.claim_id, sku = %row.sku, status = %status,
                 "claim is recorded as live and was also compensated; an operator must settle it");
         }
         Ok(())

@@ -20,6 +20,7 @@ use uuid::Uuid;
 
 use super::PendingRow;
 use crate::error::DbError;
+use crate::lifecycle::status::ClaimStatus;
 use crate::outbox::{self, EventKind, NewEvent};
 
 /// Records the claim's event at `seq` in the caller's transaction (see [`crate::outbox`]);
@@ -29,7 +30,7 @@ async fn event(
     row: &PendingRow,
     kind: EventKind,
     seq: i32,
-    status: &str,
+    status: ClaimStatus,
     occurred_at: Option<DateTime<Utc>>,
 ) -> Result<(), DbError> {
     outbox::record(
@@ -50,19 +51,19 @@ async fn event(
 
 /// A hold's change while parked: its status (confirmed, cancelled, expired) and, when the
 /// writer recorded it, when it happened.
-type ParkedChange<'a> = (&'a str, Option<DateTime<Utc>>);
+type ParkedChange = (ClaimStatus, Option<DateTime<Utc>>);
 
 /// Records the parked claim's creation and the change of its hold while parked, if any.
 /// Returns the sequence of the claim's next event.
 async fn life_so_far(
     tx: &mut PgConnection,
     row: &PendingRow,
-    change: Option<ParkedChange<'_>>,
+    change: Option<ParkedChange>,
 ) -> Result<i32, DbError> {
     let (kind, won_as) = match (row.offer, row.expires_at.is_some()) {
-        (true, _) => (EventKind::Offered, "held"),
-        (false, true) => (EventKind::Won, "held"),
-        (false, false) => (EventKind::Won, "issued"),
+        (true, _) => (EventKind::Offered, ClaimStatus::Held),
+        (false, true) => (EventKind::Won, ClaimStatus::Held),
+        (false, false) => (EventKind::Won, ClaimStatus::Issued),
     };
     event(tx, row, kind, 1, won_as, Some(row.created_at)).await?;
     let Some((status, at)) = change else {
@@ -81,7 +82,7 @@ async fn lock_owned(
     tx: &mut PgConnection,
     row: &PendingRow,
     owner: Uuid,
-) -> Result<Option<(String, Option<DateTime<Utc>>)>, DbError> {
+) -> Result<Option<ParkedChange>, DbError> {
     Ok(sqlx::query_as(
         "SELECT claim_status, claim_status_at FROM persistence_pending
           WHERE claim_id = $1 AND lease_owner = $2 AND status = 'reprocessing' FOR UPDATE",
@@ -123,7 +124,11 @@ const INSERT: &str = "INSERT INTO issuances
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (claim_id) DO NOTHING";
 
 /// Writes the row as `status` (a hold keeps its expiry).
-async fn insert(tx: &mut PgConnection, row: &PendingRow, status: &str) -> Result<u64, DbError> {
+async fn insert(
+    tx: &mut PgConnection,
+    row: &PendingRow,
+    status: ClaimStatus,
+) -> Result<u64, DbError> {
     Ok(sqlx::query(INSERT)
         .bind(row.claim_id)
         .bind(&row.sku)
@@ -141,7 +146,7 @@ async fn insert(tx: &mut PgConnection, row: &PendingRow, status: &str) -> Result
 }
 
 /// The status of the claim's `issuances` row, if it has one.
-async fn status(tx: &mut PgConnection, claim_id: Uuid) -> Result<Option<String>, DbError> {
+async fn status(tx: &mut PgConnection, claim_id: Uuid) -> Result<Option<ClaimStatus>, DbError> {
     Ok(
         sqlx::query_scalar("SELECT status FROM issuances WHERE claim_id = $1")
             .bind(claim_id)
@@ -188,9 +193,9 @@ pub async fn write(db: &PgPool, row: &PendingRow, owner: Uuid) -> Result<Written
     let Some((claim_status, at)) = lock_owned(&mut tx, row, owner).await? else {
         return Ok(Written::LeaseLost);
     };
-    if insert(&mut tx, row, &claim_status).await? == 1 {
-        life_so_far(&mut tx, row, Some((&claim_status, at))).await?;
-    } else if status(&mut tx, row.claim_id).await?.as_deref() == Some("compensated") {
+    if insert(&mut tx, row, claim_status).await? == 1 {
+        life_so_far(&mut tx, row, Some((claim_status, at))).await?;
+    } else if status(&mut tx, row.claim_id).await? == Some(ClaimStatus::Compensated) {
         return Ok(Written::Compensating);
     }
     if !update_owned(&mut tx, row, owner, "resolved", row.attempts + 1, None).await? {
@@ -218,10 +223,10 @@ pub async fn decide_compensation(
         return Ok(Decision::LeaseLost);
     }
     sqlx::query("SAVEPOINT tombstone").execute(&mut *tx).await?;
-    let decision = match insert(&mut tx, row, "compensated").await {
+    let decision = match insert(&mut tx, row, ClaimStatus::Compensated).await {
         Ok(1) => Decision::Compensate,
-        Ok(_) => match status(&mut tx, row.claim_id).await?.as_deref() {
-            Some("compensated") | None => Decision::Compensate,
+        Ok(_) => match status(&mut tx, row.claim_id).await? {
+            Some(ClaimStatus::Compensated) | None => Decision::Compensate,
             Some(_) => {
                 update_owned(&mut tx, row, owner, "resolved", attempt, None).await?;
                 Decision::AlreadyLive
@@ -258,15 +263,15 @@ pub async fn mark_compensated(
     owner: Uuid,
     attempts: i32,
     reason: Option<&str>,
-    ended: Option<&str>,
-) -> Result<Option<String>, DbError> {
+    ended: Option<ClaimStatus>,
+) -> Result<Option<ClaimStatus>, DbError> {
     let mut tx = db.begin().await?;
     let Some((claim_status, at)) = lock_owned(&mut tx, row, owner).await? else {
         return Ok(None);
     };
-    let change: Option<ParkedChange<'_>> = match ended {
+    let change: Option<ParkedChange> = match ended {
         Some(s) if s != claim_status => Some((s, None)),
-        _ => Some((claim_status.as_str(), at)),
+        _ => Some((claim_status, at)),
     };
     if !update_owned(&mut tx, row, owner, "compensated", attempts, reason).await? {
         return Ok(None);
@@ -279,11 +284,11 @@ pub async fn mark_compensated(
             .await?;
     }
     sqlx::query("SAVEPOINT tombstone").execute(&mut *tx).await?;
-    let live = match insert(&mut tx, row, "compensated").await {
+    let live = match insert(&mut tx, row, ClaimStatus::Compensated).await {
         Ok(1) => None,
         Ok(_) => status(&mut tx, row.claim_id)
             .await?
-            .filter(|s| s != "compensated"),
+            .filter(|s| *s != ClaimStatus::Compensated),
         // Refused even as compensated: the persistence_pending row stands in (see Decision).
         Err(e) if e.refuses_row() => {
             sqlx::query("ROLLBACK TO SAVEPOINT tombstone")
@@ -304,7 +309,7 @@ pub async fn mark_compensated(
         }
     };
     let comp = EventKind::Compensated;
-    event(&mut tx, row, comp, seq, "compensated", None).await?;
+    event(&mut tx, row, comp, seq, ClaimStatus::Compensated, None).await?;
     tx.commit().await?;
     Ok(live)
 }

@@ -4,6 +4,8 @@
 
 use uuid::Uuid;
 
+use crate::lifecycle::status::{ClaimStatus, EntryStatus};
+
 /// One winner as the journal holds it.
 #[derive(Debug, Clone)]
 pub struct Winner {
@@ -30,7 +32,7 @@ pub struct Change {
     /// The journal entry that carries it: its place after its win (see `order.rs`).
     pub entry_id: String,
     pub claim_id: Uuid,
-    pub status: String,
+    pub status: ClaimStatus,
     pub quantity: i32,
     pub ms: i64,
     pub seq: i64,
@@ -43,7 +45,7 @@ pub struct WaitChange {
     pub journal_entry: String,
     pub entry_id: Uuid,
     pub user: String,
-    pub status: String,
+    pub status: EntryStatus,
     /// Join order in the SKU's line.
     pub order: i64,
     pub ms: i64,

@@ -14,6 +14,7 @@ use redis::Value;
 use super::batch::{Change, Other, WaitChange};
 use super::{call_entry, Batch, Unreadable, Winner, READ_COUNT};
 use crate::error::StoreError;
+use crate::lifecycle::status::{ClaimStatus, EntryStatus};
 use crate::record::ClaimRecord;
 use crate::scripts::SCRIPTS;
 use crate::store::Store;
@@ -186,9 +187,10 @@ struct Parsed {
 impl Change {
     /// The units to acknowledge for it: a cancel or expiry gave its units back in Redis.
     fn units(&self) -> i32 {
-        match self.status.as_str() {
-            "cancelled" | "expired" => -self.quantity,
-            _ => 0,
+        if self.status.gave_back() {
+            -self.quantity
+        } else {
+            0
         }
     }
 }
@@ -296,14 +298,14 @@ fn text(b: Option<&[u8]>) -> Option<Option<&str>> {
 fn parse_change(entry_id: &str, raw: &str) -> Option<Change> {
     let mut it = raw.split('|');
     let claim_id = Uuid::parse_str(it.next()?).ok()?;
-    let status = it.next()?;
-    if !matches!(status, "confirmed" | "cancelled" | "expired") {
+    let status = it.next()?.parse::<ClaimStatus>().ok()?;
+    if !status.is_hold_change() {
         return None;
     }
     let c = Change {
         entry_id: entry_id.to_string(),
         claim_id,
-        status: status.to_string(),
+        status,
         quantity: it.next()?.parse().ok().filter(|q: &i32| *q > 0)?,
         ms: it.next()?.parse().ok()?,
         seq: it.next()?.parse().ok()?,
@@ -315,13 +317,7 @@ fn parse_change(entry_id: &str, raw: &str) -> Option<Change> {
 fn parse_wait(entry_id: &str, raw: &str) -> Option<WaitChange> {
     let mut it = raw.splitn(7, '|');
     let waitlist_entry = Uuid::parse_str(it.next()?).ok()?;
-    let status = it.next()?;
-    if !matches!(
-        status,
-        "waiting" | "offered" | "claimed" | "expired" | "left"
-    ) {
-        return None;
-    }
+    let status = it.next()?.parse::<EntryStatus>().ok()?;
     let order = it.next()?.parse().ok()?;
     let ms = it.next()?.parse().ok()?;
     let seq = it.next()?.parse().ok()?;
@@ -331,7 +327,7 @@ fn parse_wait(entry_id: &str, raw: &str) -> Option<WaitChange> {
         journal_entry: entry_id.to_string(),
         entry_id: waitlist_entry,
         user: user.to_string(),
-        status: status.to_string(),
+        status,
         order,
         ms,
         seq,

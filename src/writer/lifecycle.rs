@@ -11,6 +11,7 @@ use uuid::Uuid;
 
 use super::batch::{Change, WaitChange};
 use crate::error::DbError;
+use crate::lifecycle::status::EntryStatus;
 
 /// A change of a parked claim (in `persistence_pending`, not yet written) is kept there with
 /// its time, so the reprocessor writes the claim with it and tells its events in order
@@ -99,10 +100,7 @@ pub async fn apply_waits(
     waits: &[WaitChange],
 ) -> Result<Vec<Uuid>, DbError> {
     for rank in 0..3 {
-        let step: Vec<&WaitChange> = waits
-            .iter()
-            .filter(|w| rank_of(&w.status) == rank)
-            .collect();
+        let step: Vec<&WaitChange> = waits.iter().filter(|w| w.status.rank() == rank).collect();
         if step.is_empty() {
             continue;
         }
@@ -118,7 +116,7 @@ pub async fn apply_waits(
     }
     Ok(waits
         .iter()
-        .filter(|w| rank_of(&w.status) == 2)
+        .filter(|w| !w.status.is_live())
         .map(|w| w.entry_id)
         .collect())
 }
@@ -127,20 +125,12 @@ pub async fn apply_waits(
 /// with its hold: expired, or declined by leaving).
 pub fn count_offers(batch: &super::Batch) {
     use crate::lifecycle::expiry::count_offers as count;
-    let with = |s: &str| batch.waits.iter().filter(|w| w.status == s).count();
-    count("made", with("offered"));
-    count("taken", with("claimed"));
+    let with = |s: EntryStatus| batch.waits.iter().filter(|w| w.status == s).count();
+    count("made", with(EntryStatus::Offered));
+    count("taken", with(EntryStatus::Claimed));
     let lapsed = (batch.waits.iter())
-        .filter(|w| matches!(w.status.as_str(), "expired" | "left"))
+        .filter(|w| matches!(w.status, EntryStatus::Expired | EntryStatus::Left))
         .filter(|w| batch.changes.iter().any(|c| c.claim_id == w.entry_id))
         .count();
     count("lapsed", lapsed);
-}
-
-fn rank_of(status: &str) -> u8 {
-    match status {
-        "waiting" => 0,
-        "offered" => 1,
-        _ => 2,
-    }
 }

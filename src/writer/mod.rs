@@ -39,6 +39,8 @@ pub use consumers::{reap_idle_consumers, GONE_AFTER_CLAIM_IDLES};
 pub use journal::winners_of;
 pub use postgres::{write_batch, Unwritable};
 pub use quarantine::Quarantined;
+// The lifecycle table's test runs these statements (tests/api/lifecycle_table.rs).
+pub use lifecycle::{apply_changes, apply_waits};
 
 /// Entries read per SKU per round. An entry holds the winners of one claim.lua call (up to
 /// 128), so the largest insert batch is 32,768 rows.

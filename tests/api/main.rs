@@ -20,6 +20,7 @@ mod hold_changes;
 mod hold_terms;
 mod http;
 mod lifecycle;
+mod lifecycle_table;
 mod live;
 mod logs;
 mod metrics;

@@ -377,7 +377,7 @@ async fn a_relay_whose_lease_was_taken_over_marks_nothing_and_a_claim_waits_for_
             sku: "fence",
             user: "u",
             quantity: 1,
-            status: "issued",
+            status: "issued".parse().unwrap(),
             occurred_at: None,
         };
         record(&mut tx, &event).await.unwrap();
