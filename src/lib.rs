@@ -12,7 +12,8 @@
 //!   and ask a SKU whose last call got no answer a read before its next call (`claims/call.rs`).
 //! - [`lifecycle`]: holds (confirm, cancel: `lifecycle/holds.rs`), the waitlist
 //!   (`lifecycle/waitlist.rs`), the expiry worker (`lifecycle/expiry.rs`) and restore's part of
-//!   them (`lifecycle/restore.rs`); each decision one script call on Redis's clock, journaled
+//!   them (`lifecycle/restore.rs`), the one lifecycle table of claim and entry statuses and
+//!   their allowed transitions (`lifecycle/status.rs`, docs/lifecycle.md); each decision one script call on Redis's clock, journaled
 //!   like a win. [`ids`]: claim and entry ids carry their SKU's tag, so a claim is found by id
 //!   alone before the writer has it; a claim's id is its call's id and its index in the call.
 //! - [`soldout`]: the sold-out fast path: SKUs Redis said have no stock, refused from
