@@ -14,8 +14,9 @@
 //!   (`lifecycle/waitlist.rs`), the expiry worker (`lifecycle/expiry.rs`) and restore's part of
 //!   them (`lifecycle/restore.rs`), the one lifecycle table of claim and entry statuses and
 //!   their allowed transitions (`lifecycle/status.rs`, docs/lifecycle.md); each decision one
-//!   script call on Redis's clock, journaled like a win. [`ids`]: claim and entry ids carry their SKU's tag, so a claim is found by id
-//!   alone before the writer has it; a claim's id is its call's id and its index in the call.
+//!   script call on Redis's clock, journaled like a win. [`ids`]: claim and entry ids carry
+//!   their SKU's tag, so a claim is found by id alone before the writer has it; a claim's id is
+//!   its call's id and its index in the call.
 //! - [`soldout`]: the sold-out fast path: SKUs Redis said have no stock, refused from
 //!   memory until a script publishes that units came back (at most 100 ms stale).
 //! - [`settle`]: keeps reading back the claims whose outcome stayed unknown (503
