@@ -172,7 +172,10 @@ async fn assert_books(probe: &Probe, h: &History) {
     .fetch_one(&probe.db)
     .await
     .unwrap();
-    assert!(live <= i64::from(total), "{live} live units for a total of {total}");
+    assert!(
+        live <= i64::from(total),
+        "{live} live units for a total of {total}"
+    );
     let statuses: Vec<(String, String)> = sqlx::query_as(
         "SELECT user_id, status FROM issuances WHERE sku = $1 ORDER BY user_id, claim_id",
     )
@@ -269,13 +272,12 @@ async fn an_older_state_is_recognised_after_its_own_moves_pushed_its_sequence_pa
     // recognised by it, whatever its sequence.
     let state = format!("{}:{{{SKU}}}:state", iso.prefix);
     wait_for(Duration::from_secs(20), || async {
-        let recorded: Option<String> = sqlx::query_scalar(
-            "SELECT to_jsonb(s) ->> 'redis_inc' FROM skus s WHERE sku = $1",
-        )
-        .bind(SKU)
-        .fetch_one(&probe.db)
-        .await
-        .unwrap();
+        let recorded: Option<String> =
+            sqlx::query_scalar("SELECT to_jsonb(s) ->> 'redis_inc' FROM skus s WHERE sku = $1")
+                .bind(SKU)
+                .fetch_one(&probe.db)
+                .await
+                .unwrap();
         let live: Option<String> = redis::cmd("HGET")
             .arg(&state)
             .arg("inc")
