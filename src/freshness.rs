@@ -84,7 +84,15 @@ pub struct Marks {
     loaded_tag: AtomicI64,
     /// Names loaded from the catalog whose Redis state the refresher has not compared yet.
     unchecked: parking_lot::Mutex<Vec<String>>,
+    /// Every name loaded from the catalog, and where the refresher's walk over them is: each
+    /// round re-reads the floors of [`WALK`] of them, so a name this gateway has not moved yet
+    /// has a floor at most a walk old when it first does.
+    loaded: parking_lot::Mutex<(Vec<String>, usize)>,
 }
+
+/// Names whose floors each refresher round re-reads besides the ones this gateway moves: a
+/// catalog of up to this many SKUs is re-read every second, a larger one in turns.
+const WALK: usize = 2_000;
 
 impl Marks {
     fn mark(&self, sku: &str) -> Arc<Mark> {
@@ -153,6 +161,29 @@ impl Marks {
             .filter(|e| e.value().used.load(Ordering::Relaxed))
             .map(|e| e.key().clone())
             .collect()
+    }
+
+    /// The next [`WALK`] loaded names not in use here (in turns over the whole catalog).
+    fn walk(&self) -> Vec<String> {
+        let mut loaded = self.loaded.lock();
+        let (names, at) = &mut *loaded;
+        if names.is_empty() {
+            return Vec::new();
+        }
+        let mut out = Vec::with_capacity(WALK.min(names.len()));
+        for _ in 0..WALK.min(names.len()) {
+            *at %= names.len();
+            let name = &names[*at];
+            *at += 1;
+            if !self
+                .map
+                .get(name)
+                .is_some_and(|m| m.used.load(Ordering::Relaxed))
+            {
+                out.push(name.clone());
+            }
+        }
+        out
     }
 }
 

@@ -57,6 +57,7 @@ pub async fn load_new(db: &PgPool, marks: &Marks) -> Result<usize, DbError> {
             fresh.extend(shard_names);
         }
         n += rows.len();
+        marks.loaded.lock().0.extend(fresh.iter().cloned());
         marks.unchecked.lock().extend(fresh);
         marks
             .loaded_tag
@@ -102,6 +103,13 @@ impl Refresher {
                     .lock()
                     .extend(unchecked[i..].iter().cloned());
                 return Err(e);
+            }
+        }
+        // Floors of names not moved here yet, in turns: current when this gateway first does.
+        let walked = self.marks.walk();
+        if !walked.is_empty() {
+            for (name, f) in crate::shards::marks::read_floors(&self.db, &walked).await? {
+                self.marks.learn(&name, f.seq, f.inc);
             }
         }
         let skus = self.marks.active();

@@ -102,6 +102,7 @@ pub async fn join(store: &Store, sku: &Sku, user: &str) -> Result<Joined, Lifecy
         4 => Joined::LimitReached,
         5 => Joined::NotOpen,
         6 => Joined::Closed,
+        -3 => return Err(StoreError::Stale.into()),
         _ => return Err(StoreError::SkuLost.into()),
     })
 }

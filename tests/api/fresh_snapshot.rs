@@ -131,14 +131,10 @@ async fn older_state_is_refused_until_restore(api: &Api, other: &Api, probe: &Pr
     }
     // Every gateway closed the state; the ledger holds no more live units than the stock,
     // and w2 still waits (nobody was offered a unit confirmed elsewhere).
-    let state = format!("{}:{{{SKU}}}:state", probe.prefix);
-    let stale: Option<String> = redis::cmd("HGET")
-        .arg(&state)
-        .arg("stale")
-        .query_async(&mut probe.redis.clone())
-        .await
-        .unwrap();
-    assert!(stale.is_some(), "the older state is not marked stale");
+    assert!(
+        stale_mark(probe).await.is_some(),
+        "the older state is not marked stale"
+    );
     assert_books(probe, h).await;
 
     let r = api.restore(SKU, false).await;
@@ -159,6 +155,24 @@ async fn older_state_is_refused_until_restore(api: &Api, other: &Api, probe: &Pr
     assert_eq!(v["consistent"], true, "{v}");
     assert_eq!(v["remaining"], 0, "{v}");
     assert_books(probe, h).await;
+}
+
+/// The state's `stale` field (retried: the probe's first call after the Redis restart may
+/// find its connection broken).
+async fn stale_mark(probe: &Probe) -> Option<String> {
+    let state = format!("{}:{{{SKU}}}:state", probe.prefix);
+    for _ in 0..50 {
+        if let Ok(v) = redis::cmd("HGET")
+            .arg(&state)
+            .arg("stale")
+            .query_async::<Option<String>>(&mut probe.redis.clone())
+            .await
+        {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the probe's Redis does not answer");
 }
 
 /// The ledger after the history: 2 live units (a's and w1's), b cancelled, w2 waiting.
@@ -203,6 +217,29 @@ async fn assert_books(probe: &Probe, h: &History) {
         ],
         "the ledger's line"
     );
+}
+
+/// Waits until the ledger recorded an incarnation of the state newer than the snapshot's: a
+/// refresher round ran after the decisions, and the older copy is recognised by it, whatever
+/// its sequence.
+async fn recorded_after_snapshot(probe: &Probe, h: &History) {
+    let state = format!("{}:{{{SKU}}}:state", probe.prefix);
+    wait_for(Duration::from_secs(20), || async {
+        let recorded: Option<String> =
+            sqlx::query_scalar("SELECT to_jsonb(s) ->> 'redis_inc' FROM skus s WHERE sku = $1")
+                .bind(SKU)
+                .fetch_one(&probe.db)
+                .await
+                .unwrap();
+        let live: Option<String> = redis::cmd("HGET")
+            .arg(&state)
+            .arg("inc")
+            .query_async(&mut probe.redis.clone())
+            .await
+            .unwrap();
+        live.is_some() && live != h.inc && recorded == live
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -268,25 +305,8 @@ async fn an_older_state_is_recognised_after_its_own_moves_pushed_its_sequence_pa
     let api1 = Api::new(g1.base.clone());
     let probe = Probe::new(&iso.database_url, &redis.url(), &iso.prefix).await;
     let (snapshot, h) = drop_with_history(&api1, &probe, &redis).await;
-    // The ledger recorded the state's incarnation after the snapshot: the older copy is
-    // recognised by it, whatever its sequence.
+    recorded_after_snapshot(&probe, &h).await;
     let state = format!("{}:{{{SKU}}}:state", iso.prefix);
-    wait_for(Duration::from_secs(20), || async {
-        let recorded: Option<String> =
-            sqlx::query_scalar("SELECT to_jsonb(s) ->> 'redis_inc' FROM skus s WHERE sku = $1")
-                .bind(SKU)
-                .fetch_one(&probe.db)
-                .await
-                .unwrap();
-        let live: Option<String> = redis::cmd("HGET")
-            .arg(&state)
-            .arg("inc")
-            .query_async(&mut probe.redis.clone())
-            .await
-            .unwrap();
-        live.is_some() && live != h.inc && recorded == live
-    })
-    .await;
     g1.sigkill().await;
     redis.kill();
     redis.roll_back_to(&snapshot);
@@ -298,15 +318,126 @@ async fn an_older_state_is_recognised_after_its_own_moves_pushed_its_sequence_pa
         .fetch_one(&probe.db)
         .await
         .unwrap();
-    let _: () = redis::cmd("HSET")
-        .arg(&state)
-        .arg("seq")
-        .arg(mark + 1000)
-        .query_async(&mut probe.redis.clone())
-        .await
-        .unwrap();
+    // (Retried: the probe's first call after the restart may find its old connection broken.)
+    wait_for(Duration::from_secs(10), || async {
+        redis::cmd("HSET")
+            .arg(&state)
+            .arg("seq")
+            .arg(mark + 1000)
+            .query_async::<()>(&mut probe.redis.clone())
+            .await
+            .is_ok()
+    })
+    .await;
     let g2 = GatewayProcess::start(&iso, &redis.url(), &[]).await;
     let g3 = GatewayProcess::start(&iso, &redis.url(), &[]).await;
     let (api2, api3) = (Api::new(g2.base.clone()), Api::new(g3.base.clone()));
     older_state_is_refused_until_restore(&api2, &api3, &probe, &h).await;
+}
+
+/// A script's invocation with the SKU's lifecycle keys (KEYS[1..8]).
+fn lifecycle(
+    keys: &dropgate::keys::SkuKeys,
+    script: &'static redis::Script,
+) -> redis::ScriptInvocation<'static> {
+    let mut inv = script.prepare_invoke();
+    for k in keys.lifecycle() {
+        inv.key(k);
+    }
+    inv
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_script_that_moves_a_state_refuses_one_older_than_the_floor_and_closes_it() {
+    use dropgate::freshness::Floor;
+    use dropgate::scripts::SCRIPTS;
+    // A state at sequence 5, incarnation 7: a floor ahead in either is an older copy.
+    let ahead = [Floor { seq: 6, inc: 7 }, Floor { seq: 5, inc: 8 }];
+    for floor in ahead {
+        let mut calls: Vec<(&str, redis::ScriptInvocation<'static>)> = Vec::new();
+        let (mut con, keys) = seeded_sku(3, 1).await;
+        let _: () = redis::cmd("HSET")
+            .arg(keys.state())
+            .arg("seq")
+            .arg(5)
+            .arg("inc")
+            .arg(7)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let mut inv = lifecycle(&keys, &SCRIPTS.decide_hold);
+        let _: () = redis::cmd("HSET")
+            .arg(keys.holds())
+            .arg("h1")
+            .arg("held|1|99999999999999|0|1|u")
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        inv.arg("confirm").arg("h1").arg("").arg(floor);
+        calls.push(("decide_hold", inv));
+        let mut inv = lifecycle(&keys, &SCRIPTS.join_waitlist);
+        inv.arg(uuid::Uuid::now_v7().to_string())
+            .arg("u")
+            .arg("0")
+            .arg("")
+            .arg(floor);
+        calls.push(("join_waitlist", inv));
+        let mut inv = lifecycle(&keys, &SCRIPTS.leave_waitlist);
+        inv.arg("no-such-entry").arg("").arg(floor);
+        calls.push(("leave_waitlist", inv));
+        let mut inv = lifecycle(&keys, &SCRIPTS.expire_holds);
+        inv.key(keys.expiry_lease())
+            .arg("me")
+            .arg(1000)
+            .arg(10)
+            .arg(floor);
+        calls.push(("expire_holds", inv));
+        let mut inv = lifecycle(&keys, &SCRIPTS.release_pool);
+        inv.arg(floor);
+        calls.push(("release_pool", inv));
+        for (name, inv) in calls {
+            // Each call on a fresh state: the refusal is the script's own check.
+            let _: () = redis::cmd("HDEL")
+                .arg(keys.state())
+                .arg("stale")
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            let reply: redis::Value = inv.invoke_async(&mut con).await.unwrap();
+            let first = match &reply {
+                redis::Value::Array(v) => v.first().cloned(),
+                other => Some(other.clone()),
+            };
+            let code: i64 = redis::from_redis_value(first.unwrap()).unwrap();
+            assert!(
+                code < 0,
+                "{name} acted on a state older than {floor:?}: {reply:?}"
+            );
+            let (stale, stock, seq): (Option<String>, i64, i64) = redis::cmd("HMGET")
+                .arg(keys.state())
+                .arg("stale")
+                .arg("stock")
+                .arg("seq")
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            assert!(stale.is_some(), "{name} did not close the older state");
+            assert_eq!((stock, seq), (3, 5), "{name} moved the older state");
+        }
+        let r = dropgate::scripts::restock_at(
+            &mut con,
+            &keys,
+            &uuid::Uuid::now_v7(),
+            -1,
+            dropgate::scripts::RestockMode::Apply,
+            1,
+            floor,
+        )
+        .await;
+        assert!(
+            matches!(r, Err(dropgate::error::StoreError::Stale)),
+            "{r:?}"
+        );
+        assert_eq!(script_stock(&mut con, &keys).await, 3);
+    }
 }
