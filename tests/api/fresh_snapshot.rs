@@ -177,7 +177,7 @@ async fn stale_mark(probe: &Probe) -> Option<String> {
 
 /// The ledger after the history: 2 live units (a's and w1's), b cancelled, w2 waiting.
 async fn assert_books(probe: &Probe, h: &History) {
-    let (live, total): (i64, i32) = sqlx::query_as(
+    let (live, total): (i64, i64) = sqlx::query_as(
         "SELECT (SELECT COALESCE(sum(quantity), 0)::int8 FROM issuances
                   WHERE sku = $1 AND status IN ('issued', 'held', 'confirmed')),
                 (SELECT total FROM skus WHERE sku = $1)",
@@ -187,7 +187,7 @@ async fn assert_books(probe: &Probe, h: &History) {
     .await
     .unwrap();
     assert!(
-        live <= i64::from(total),
+        live <= total,
         "{live} live units for a total of {total}"
     );
     let statuses: Vec<(String, String)> = sqlx::query_as(
