@@ -186,10 +186,7 @@ async fn assert_books(probe: &Probe, h: &History) {
     .fetch_one(&probe.db)
     .await
     .unwrap();
-    assert!(
-        live <= total,
-        "{live} live units for a total of {total}"
-    );
+    assert!(live <= total, "{live} live units for a total of {total}");
     let statuses: Vec<(String, String)> = sqlx::query_as(
         "SELECT user_id, status FROM issuances WHERE sku = $1 ORDER BY user_id, claim_id",
     )
