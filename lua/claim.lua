@@ -12,7 +12,8 @@
 -- ARGV[1]        now, unix milliseconds
 -- ARGV[2]        idempotency record TTL in seconds (at least 24 h)
 -- ARGV[3]        call records TTL in seconds (they only settle uncertain outcomes)
--- ARGV[4]        floor: the highest state sequence the gateway knows PostgreSQL has recorded
+-- ARGV[4]        floor: "seq:inc", the highest state sequence and incarnation the gateway knows
+--                PostgreSQL has recorded (lib/fresh.lua, prepended; "seq" alone: incarnation 0)
 -- ARGV[5]        the call id (UUIDv7 text, minted when the call was formed; src/ids.rs)
 -- ARGV[6]        n, the number of claims (1..128)
 -- per claim i (0-based), four values:
@@ -28,8 +29,8 @@
 -- Returns {"fenced"} when the call id already has a record: resolve_claim.lua fenced the call
 -- after its answer was lost, or this very call ran before (a resend); nothing is decided or
 -- written, and the caller reads the outcomes back. {"lost"} when the SKU state is missing
--- (Redis lost it), {"stale"} when the state is marked stale or its sequence is behind the
--- floor (Redis came back with older data: the state is marked stale here, so every gateway
+-- (Redis lost it), {"stale"} when the state is marked stale or is older than the floor
+-- (its sequence behind the mark, or its incarnation older: Redis came back with older data: the state is marked stale here, so every gateway
 -- fails closed until restore); nothing else is written in either case. Otherwise a flat array
 -- of 1 + 2n values: first the expires_ms of this call's winners when the SKU holds its claims
 -- (hold_ms > 0; 0 otherwise), then a (code, value) pair per claim:
@@ -70,18 +71,18 @@ if redis.call('HEXISTS', records, call) == 1 then
   return {'fenced'}
 end
 local head = redis.call('HMGET', state, 'stock', 'limit', 'seq', 'stale', 'hold_ms', 'opens_ms',
-  'closes_ms', 'inflight')
+  'closes_ms', 'inflight', 'inc')
 if not head[1] then
   return {'lost'}
 end
 if head[4] then
   return {'stale'}
 end
-local seq = tonumber(head[3] or '0')
-if seq < tonumber(ARGV[4]) then
-  redis.call('HSET', state, 'stale', 'behind:' .. seq .. '<' .. ARGV[4])
+-- The check of lib/fresh.lua on the fields read above: no extra call on the hot path.
+if close_if_behind(head[3], head[9], ARGV[4]) then
   return {'stale'}
 end
+local seq = tonumber(head[3] or '0')
 local now, ttl, records_ttl, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[6])
 local stock, limit = tonumber(head[1]), tonumber(head[2])
 local holds, expiry = KEYS[5], KEYS[6]

@@ -9,6 +9,7 @@
 -- ARGV[4]  units
 -- ARGV[5]  claim id
 -- ARGV[6]  marker TTL in seconds
+-- ARGV[7]  floor ("give" only): the ledger's mark and incarnation (see lib/fresh.lua)
 --
 -- Returns
 --   fence: 1 when the marker now names this owner, 0 when the claim is already compensated.
@@ -17,7 +18,8 @@
 --          (expired) when the claim was a hold that already ended so (its units came back
 --          then; only the marker is set now), -2 when another owner fenced the claim since
 --          (this one's lease is stale: nothing changes), -1 when the SKU state is missing or
---          marked stale (nothing changes; compensate after a restore). The hold's status is
+--          stale or older than the floor (marked stale; nothing else changes: compensate
+--          after a restore). The hold's status is
 --          told because the reprocessor announces it before the compensation (its change may
 --          not have reached the parked row yet).
 --
@@ -42,8 +44,7 @@ end
 if current ~= token then
   return -2
 end
-local cur = redis.call('HMGET', state, 'stock', 'stale')
-if not cur[1] or cur[2] then
+if state_unfit(ARGV[7]) then
   return -1
 end
 local user, units, id = ARGV[3], tonumber(ARGV[4]), ARGV[5]

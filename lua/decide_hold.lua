@@ -4,13 +4,15 @@
 -- ARGV[1]    "confirm" or "cancel"
 -- ARGV[2]    the claim id
 -- ARGV[3]    the caller's user id, or "" for the admin (who may act on any claim)
+-- ARGV[4]    floor: the ledger's mark and incarnation (see lib/fresh.lua)
 --
 -- Returns {code, status, expires_ms}:
 --   0  Redis holds no hold of this id for this caller (not a hold, not the caller's, or its
 --      record was dropped after its final status was written: the caller reads PostgreSQL)
 --   1  done: the hold is now `status` (confirmed or cancelled), now or by an earlier call
 --   2  refused: the hold is already `status` (cancelled, expired, confirmed, compensated)
---  -1  the SKU state is missing or stale (nothing changes; fail closed)
+--  -1  the SKU state is missing (nothing changes; fail closed)
+--  -3  the state is stale or older than the floor (marked stale; nothing else changes)
 --
 -- Keeps I1 and I4 (docs/invariants.md).
 -- Invariant: a hold ends once. Confirm and cancel and the expiry (expire_holds.lua) all read
@@ -22,10 +24,13 @@ local h = unpack_hold(redis.call('HGET', KEYS[4], id))
 if not h or (caller ~= '' and caller ~= h.user) then
   return {0, '', 0}
 end
-local head = redis.call('HMGET', KEYS[1], 'seq', 'stale')
-if not head[1] or head[2] then
-  return {-1, '', 0}
+-- Before anything is read as the hold's status: an older state's `held` may have ended
+-- otherwise in the ledger.
+local unfit = state_unfit(ARGV[4])
+if unfit then
+  return {unfit == 'lost' and -1 or -3, '', 0}
 end
+local head = redis.call('HMGET', KEYS[1], 'seq')
 local want = op == 'confirm' and 'confirmed' or 'cancelled'
 if h.status == want then
   return {1, want, h.expires}

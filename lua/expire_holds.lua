@@ -5,10 +5,11 @@
 -- ARGV[1]    the calling worker's owner token
 -- ARGV[2]    lease time in milliseconds
 -- ARGV[3]    most holds expired by this call
+-- ARGV[4]    floor: the ledger's mark and incarnation (see lib/fresh.lua)
 --
 -- Returns {expired, lag_ms_1, lag_ms_2, ...}: the holds expired now, each with how long after
 -- its expires_ms it expired (Redis's clock); {-1} when another worker holds the lease (nothing
--- changes); {-2} when the state is missing or stale.
+-- changes); {-2} when the state is missing, or stale or older than the floor (marked stale).
 --
 -- Keeps I1 and I4 (docs/invariants.md).
 -- Invariant: a hold expires once (only a hold still `held` and past its time), its units come
@@ -20,10 +21,10 @@ if current and current ~= owner then
   return {-1}
 end
 redis.call('SET', lease, owner, 'PX', tonumber(ARGV[2]))
-local head = redis.call('HMGET', KEYS[1], 'seq', 'stale')
-if not head[1] or head[2] then
+if state_unfit(ARGV[4]) then
   return {-2}
 end
+local head = redis.call('HMGET', KEYS[1], 'seq')
 local now = redis_now()
 local due = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
 local seq = tonumber(head[1])

@@ -9,6 +9,7 @@
 -- ARGV[4]    on a sharded SKU, the join ticket the gateway took from shard 0 (line_lease.lua):
 --            the entry's join order, comparable across the SKU's lines; "" on a SKU of one
 --            shard (the order is this line's next)
+-- ARGV[5]    floor: the ledger's mark and incarnation (see lib/fresh.lua)
 --
 -- Returns {code, entry_id, position}:
 --   1  joined now: the new entry and its place in line (1 = next to be offered)
@@ -17,7 +18,7 @@
 --   3  units remain: buy them instead (nothing changes)
 --   4  the user already holds its per-user limit (nothing changes)
 --   5  the sale window has not opened, 6 it has closed (nothing changes)
---  -1  the SKU state is missing or stale (fail closed)
+--  -1  the SKU state is missing, -3 stale or older than the floor (fail closed)
 --
 -- Keeps I3 and I4 (docs/invariants.md).
 -- Invariant: one live entry per user and SKU, in join order; an entry is taken only while the
@@ -28,11 +29,12 @@
 -- stock: see src/shards/line.rs); the per-user count it checks is the one every claim of the
 -- user moves, and the offers made here are counted in it too.
 local eid, user = ARGV[1], ARGV[2]
+local unfit = state_unfit(ARGV[5])
+if unfit then
+  return {unfit == 'lost' and -1 or -3, '', 0}
+end
 local head = redis.call('HMGET', KEYS[1], 'stock', 'limit', 'seq', 'stale', 'opens_ms',
   'closes_ms')
-if not head[1] or head[4] then
-  return {-1, '', 0}
-end
 local mine = redis.call('HGET', KEYS[8], user)
 if mine then
   local e = unpack_entry(redis.call('HGET', KEYS[7], mine))

@@ -9,22 +9,21 @@
 --            stock here is a unit that reached it without a lease (after a restore rebuilt
 --            the state, or a lease that lapsed while every gateway was away) and belongs to
 --            the lines, as give_back would have given it
+-- ARGV[3]    floor: the ledger's mark and incarnation (see lib/fresh.lua)
 --
 -- Returns {offered, pool left}; {-1, 0} when the state is missing, {-3, 0} when it is marked
--- stale (nothing changes in either case).
+-- stale or older than the floor (marked stale here; nothing else changes in either case).
 --
 -- Keeps I1 and I3 (docs/invariants.md).
 -- Invariant: a pooled unit leaves the pool only as an offer (a held claim on this shard,
 -- counted in its buyer's per-user count here, so the per-user limit holds) or, when the
 -- line runs out, stays in the pool; no unit is created or lost; the state's `seq` moves with
 -- every change journaled.
+local unfit = state_unfit(ARGV[3])
+if unfit then
+  return {unfit == 'lost' and -1 or -3, 0}
+end
 local head = redis.call('HMGET', KEYS[1], 'stock', 'stale', 'seq', 'wl_pool')
-if not head[1] then
-  return {-1, 0}
-end
-if head[2] then
-  return {-3, 0}
-end
 local pool, seq = tonumber(head[4] or '0'), tonumber(head[3] or '0')
 local stock = tonumber(head[1])
 if ARGV[2] == '1' and stock > 0 then

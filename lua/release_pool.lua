@@ -2,10 +2,11 @@
 -- waits in any of the SKU's lines, and no buyer has begun a join within the lease).
 --
 -- KEYS[1..8] the shard's lifecycle keys (see lib/lifecycle.lua)
+-- ARGV[1]    floor: the ledger's mark and incarnation (see lib/fresh.lua)
 --
 -- Returns {1, units released} when the lease has lapsed (0 units when the pool was empty);
 -- {0, pool} when the lease still lasts (nothing changes); {-1, 0} when the state is missing,
--- {-3, 0} when it is marked stale.
+-- {-3, 0} when it is marked stale or older than the floor.
 --
 -- Publishes KEYS[1] on <prefix>:units-back when it raises the stock (give_back in
 -- lib/lifecycle.lua; src/soldout.rs).
@@ -13,13 +14,11 @@
 -- Invariant: the pool leaves only after the lease: a buyer that began a join set the lease
 -- first, so units it may be waiting for never reach open stock; released units go to this
 -- shard's line first if one formed (give_back), then to open stock.
+local unfit = state_unfit(ARGV[1])
+if unfit then
+  return {unfit == 'lost' and -1 or -3, 0}
+end
 local head = redis.call('HMGET', KEYS[1], 'stock', 'stale', 'seq', 'wl_pool', 'wl_until')
-if not head[1] then
-  return {-1, 0}
-end
-if head[2] then
-  return {-3, 0}
-end
 local pool = tonumber(head[4] or '0')
 local now = redis_now()
 if now < tonumber(head[5] or '0') then

@@ -6,8 +6,8 @@
 -- ARGV[2]  delta (integer)
 -- ARGV[3]  marker TTL in seconds
 -- ARGV[4]  the operator epoch this call runs under (see migrations/0004_operator_fences.sql)
--- ARGV[5]  floor: the ledger's high-water mark of the state sequence (apply only): a state
---          behind it came back with older data and is marked stale instead of moved
+-- ARGV[5]  floor (apply only): the ledger's mark and incarnation (see lib/fresh.lua): a state
+--          older than it came back with older data and is marked stale instead of moved
 --
 -- Returns {code, remaining, seq}:
 --   apply:   {1, remaining, seq} applied now; {2, remaining, seq} applied earlier (same op);
@@ -36,7 +36,7 @@
 -- gets only what nobody waits for.
 local state, marker = KEYS[1], KEYS[9]
 local epoch = tonumber(ARGV[4])
-local cur = redis.call('HMGET', state, 'stock', 'seq', 'stale', 'epoch')
+local cur = redis.call('HMGET', state, 'stock', 'seq', 'stale', 'epoch', 'inc')
 -- What already happened to this operation is reported to anyone, whatever their epoch: a
 -- read-back must never call an applied restock "not applied".
 local seen = redis.call('GET', marker)
@@ -62,10 +62,9 @@ if cur[3] then
   return {-3, 0, 0}
 end
 local stock, seq = tonumber(cur[1]), tonumber(cur[2] or '0')
-if seq < tonumber(ARGV[5] or '0') then
-  -- A negative delta checked against a stock that forgot sales would shrink the total below
-  -- what is sold.
-  redis.call('HSET', state, 'stale', 'behind:' .. seq .. '<' .. ARGV[5])
+-- A negative delta checked against a stock that forgot sales would shrink the total below
+-- what is sold.
+if close_if_behind(cur[2], cur[5], ARGV[5]) then
   return {-3, 0, 0}
 end
 local after = stock + tonumber(ARGV[2])

@@ -18,6 +18,10 @@
 -- ARGV[11] (with KEYS[5]) the generation stamped on the state (`gen`), so no transfer begun
 --          before this restore is ever applied to it (lua/transfer_in.lua)
 --
+-- The state's incarnation (`inc`, see lib/fresh.lua) is Redis's now: above every incarnation
+-- a rotation of the state it replaces could still get recorded, so no gateway's floor is
+-- above the rebuilt state.
+--
 -- Returns 1 when restored, 0 when a state is present (nothing changes).
 --
 -- Publishes KEYS[1] on <prefix>:units-back when it raises the stock (src/soldout.rs).
@@ -40,6 +44,8 @@ pcall(redis.call, 'XGROUP', 'CREATE', journal, 'writers', '0', 'MKSTREAM')
 redis.call('HSET', state, 'stock', ARGV[1], 'limit', ARGV[2], 'inflight', 0, 'seq', ARGV[3],
   'declare', ARGV[4], 'epoch', ARGV[5], 'hold_ms', ARGV[6], 'offer_ms', ARGV[7],
   'wl_order', ARGV[10])
+local t = redis.call('TIME')
+redis.call('HSET', state, 'inc', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 if KEYS[5] then
   redis.call('DEL', KEYS[5])
   redis.call('HSET', state, 'gen', ARGV[11], 'transfer_out', 0)

@@ -14,12 +14,13 @@
 -- ARGV[4]    "pool" when the units came from the donor's waitlist pool: they go to this
 --            shard's pool (`wl_pool`), to be offered to its line by offer_pool.lua; "" to
 --            give them back (give_back: the line first, or the pool under a line lease)
+-- ARGV[5]    floor: the recipient's mark and incarnation in the ledger (see lib/fresh.lua)
 --
 -- Returns 1 when the units were given back now, 2 when this transfer was applied before
 -- (nothing changes), -4 when the recipient's generation differs (a restore rebuilt the SKU
 -- since the units were taken: they are counted in its stock already, so they are never
--- added), -1 when the recipient's state is missing, -3 when it is marked stale (nothing
--- changes in either case; the transfer stays pending until a restore ends it).
+-- added), -1 when the recipient's state is missing, -3 when it is marked stale or older
+-- than the floor (nothing else changes in either case; the transfer stays pending until a restore ends it).
 --
 -- Publishes KEYS[1] on <prefix>:units-back when it raises the stock (give_back; src/soldout.rs).
 --
@@ -31,13 +32,11 @@ local state, applied = KEYS[1], KEYS[9]
 if redis.call('EXISTS', applied) == 1 then
   return 2
 end
+local unfit = state_unfit(ARGV[5])
+if unfit then
+  return unfit == 'lost' and -1 or -3
+end
 local head = redis.call('HMGET', state, 'stock', 'stale', 'seq', 'gen')
-if not head[1] then
-  return -1
-end
-if head[2] then
-  return -3
-end
 if (head[4] or '') ~= ARGV[2] then
   return -4
 end

@@ -12,11 +12,12 @@
 --          before it finishes a transfer someone else may still be finishing)
 -- ARGV[6]  "pool" to take from the donor's waitlist pool (`wl_pool`: units kept for the SKU's
 --          lines, see lib/lifecycle.lua's give_back) instead of its stock; "" otherwise
+-- ARGV[7]  floor: the donor's mark and incarnation in the ledger (see lib/fresh.lua, prepended)
 --
 -- Returns {1, units, generation} when units were taken now, {2, units, generation} when this
 -- transfer id had taken them already (a resend: nothing changes), {0, stock, ""} when the
 -- donor has nothing to give, {-1, 0, ""} when the donor's state is missing (Redis lost it),
--- {-3, 0, ""} when it is marked stale.
+-- {-3, 0, ""} when it is marked stale or older than the floor.
 --
 -- The record is "units|recipient|generation|created_ms|source" (source "pool" or ""; the
 -- recipient puts pooled units in its own pool: transfer_in.lua): the generation is the donor state's
@@ -37,13 +38,11 @@ if prior then
 end
 local source = ARGV[6] or ''
 local field = (source == 'pool') and 'wl_pool' or 'stock'
+local unfit = state_unfit(ARGV[7])
+if unfit then
+  return {unfit == 'lost' and -1 or -3, 0, ''}
+end
 local head = redis.call('HMGET', state, 'stock', 'stale', 'seq', 'transfer_out', 'gen', 'wl_pool')
-if not head[1] then
-  return {-1, 0, ''}
-end
-if head[2] then
-  return {-3, 0, ''}
-end
 local stock = tonumber((source == 'pool') and (head[6] or '0') or head[1])
 local need, cap = tonumber(ARGV[2]), tonumber(ARGV[3])
 if stock <= 0 then

@@ -14,7 +14,7 @@ use crate::auth::Verifier;
 use crate::catalog::Catalog;
 use crate::claims::ClaimService;
 use crate::config::Config;
-use crate::freshness::{Marks, Refresher};
+use crate::freshness::Refresher;
 use crate::lifecycle::expiry::Expirer;
 use crate::live::Live;
 use crate::observe::{FailClosed, Observer};
@@ -117,7 +117,15 @@ impl Application {
             );
         }
         let wake = Arc::new(WriterSignal::default());
-        let marks = Arc::new(Marks::default());
+        let marks = store.marks().clone();
+        // Every SKU's mark before anything is served or any worker moves a state: a state
+        // older than the ledger then fails closed on its first script call, used or not.
+        match crate::freshness::load_new(&db, &marks).await {
+            Ok(n) => tracing::info!(skus = n, "loaded the ledger's marks"),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not load the ledger's marks; the refresher retries")
+            }
+        }
         let closed = Arc::new(FailClosed::default());
         let outbox = Arc::new(OutboxStatus::default());
         let sold_out = Arc::new(SoldOut::new(config.sold_out_trust));

@@ -476,8 +476,11 @@ async fn restock_call(
     let keys = store.keys(sku);
     let mut con = store.hot();
     // Units added go to the waitlist's head as offers first: journal entries and holds.
-    let call = store.bounded(scripts::restock(
-        &mut con, &keys, op, delta, mode, epoch, floor,
+    // The catalog row's mark, or a later one this gateway knows, with the incarnation.
+    let mut fence = store.floor(sku);
+    fence.seq = fence.seq.max(floor);
+    let call = store.bounded(scripts::restock_at(
+        &mut con, &keys, op, delta, mode, epoch, fence,
     ));
     crate::activity::with_mark(store, sku, call).await
 }

@@ -21,8 +21,9 @@
 //!   memory until a script publishes that units came back (at most 100 ms stale).
 //! - [`settle`]: keeps reading back the claims whose outcome stayed unknown (503
 //!   `outcome_unknown`) until each is won or fenced.
-//! - [`freshness`]: the state sequence and the ledger's high-water mark: a Redis that came back
-//!   with older data is detected per SKU and closed until restore.
+//! - [`freshness`]: the state sequence and incarnation, and the ledger's marks of both: a Redis
+//!   that came back with older data is refused by every script that would move it, per SKU,
+//!   and closed until restore (`lua/lib/fresh.lua`, docs/freshness.md).
 //! - [`scripts`] and `lua/`: the Lua scripts and their typed wrappers; [`keys`] names the keys;
 //!   [`record`] is a winner's record in full (idempotency record, an entry of one winner).
 //! - [`store`]: Redis connections, on a single Redis (multiplexed hot path, bb8 pool for

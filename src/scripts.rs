@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use crate::config::{CLAIM_RECORD_TTL_SECS, RECORD_TTL_SECS};
 use crate::error::StoreError;
+use crate::freshness::Floor;
 use crate::keys::SkuKeys;
 use crate::record::ClaimRecord;
 
@@ -43,21 +44,36 @@ pub struct Scripts {
     pub unlock: Script,
     /// The journal's unacknowledged entries before one entry (src/writer/order.rs).
     pub pending_before: Script,
+    /// Advances a fresh state's incarnation (src/freshness.rs).
+    pub rotate: Script,
 }
 
-/// A script that ends holds or gives units back, with `lua/lib/lifecycle.lua` (functions
-/// only) prepended: one atomic script, its shared parts written once.
+/// A script that ends holds or gives units back, with `lua/lib/fresh.lua` and
+/// `lua/lib/lifecycle.lua` (functions only) prepended: one atomic script, its shared parts
+/// written once.
 macro_rules! lifecycle_script {
     ($file:literal) => {
         Script::new(concat!(
+            include_str!("../lua/lib/fresh.lua"),
             include_str!("../lua/lib/lifecycle.lua"),
             include_str!(concat!("../lua/", $file))
         ))
     };
 }
 
+/// A script that changes a SKU's state, with `lua/lib/fresh.lua` (the check against the
+/// ledger's mark, functions only) prepended.
+macro_rules! fresh_script {
+    ($file:literal) => {
+        Script::new(concat!(
+            include_str!("../lua/lib/fresh.lua"),
+            include_str!(concat!("../lua/", $file))
+        ))
+    };
+}
+
 pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    claim: Script::new(include_str!("../lua/claim.lua")),
+    claim: fresh_script!("claim.lua"),
     resolve_claim: Script::new(include_str!("../lua/resolve_claim.lua")),
     declare_sku: Script::new(include_str!("../lua/declare_sku.lua")),
     restock: lifecycle_script!("restock.lua"),
@@ -70,16 +86,17 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     expire_holds: lifecycle_script!("expire_holds.lua"),
     join_waitlist: lifecycle_script!("join_waitlist.lua"),
     leave_waitlist: lifecycle_script!("leave_waitlist.lua"),
-    transfer_out: Script::new(include_str!("../lua/transfer_out.lua")),
+    transfer_out: fresh_script!("transfer_out.lua"),
     // Step 2 gives its units back through `give_back`, so that the recipient shard's line is
     // offered them before open stock is.
     transfer_in: lifecycle_script!("transfer_in.lua"),
     finish_transfer: Script::new(include_str!("../lua/finish_transfer.lua")),
-    line_lease: Script::new(include_str!("../lua/line_lease.lua")),
+    line_lease: fresh_script!("line_lease.lua"),
     offer_pool: lifecycle_script!("offer_pool.lua"),
     release_pool: lifecycle_script!("release_pool.lua"),
     unlock: Script::new(include_str!("../lua/unlock.lua")),
     pending_before: Script::new(include_str!("../lua/pending_before.lua")),
+    rotate: fresh_script!("rotate.lua"),
 });
 
 /// Loads every script into Redis (SCRIPT LOAD), so the first claim does not pay for it.
@@ -110,6 +127,7 @@ pub async fn load_all<C: ConnectionLike>(con: &mut C) -> Result<(), StoreError> 
         &s.release_pool,
         &s.unlock,
         &s.pending_before,
+        &s.rotate,
     ] {
         script.prepare_invoke().load_async(con).await?;
     }
@@ -176,10 +194,26 @@ pub async fn claim<C: ConnectionLike>(
     now_ms: i64,
     floor: i64,
 ) -> Result<Vec<Decision>, StoreError> {
+    claim_at(con, keys, call_id, claims, now_ms, Floor::seq(floor)).await
+}
+
+/// As [`claim`], with the whole floor: the ledger's mark and incarnation as this gateway knows
+/// them (a state older than either is stale: see `lua/lib/fresh.lua`).
+///
+/// # Errors
+/// As [`claim`].
+pub async fn claim_at<C: ConnectionLike>(
+    con: &mut C,
+    keys: &SkuKeys,
+    call_id: &Uuid,
+    claims: &[ClaimInput],
+    now_ms: i64,
+    floor: Floor,
+) -> Result<Vec<Decision>, StoreError> {
     if claims.is_empty() {
         return Ok(Vec::new());
     }
-    let reply: Value = claim_invocation(keys, call_id, claims, now_ms, floor)?
+    let reply: Value = claim_invocation_at(keys, call_id, claims, now_ms, floor)?
         .invoke_async(con)
         .await?;
     parse_claim_reply(reply, claims.len())
@@ -197,6 +231,20 @@ pub fn claim_invocation<'a>(
     claims: &[ClaimInput],
     now_ms: i64,
     floor: i64,
+) -> Result<redis::ScriptInvocation<'a>, StoreError> {
+    claim_invocation_at(keys, call_id, claims, now_ms, Floor::seq(floor))
+}
+
+/// As [`claim_invocation`], with the whole floor (see [`claim_at`]).
+///
+/// # Errors
+/// As [`claim_invocation`].
+pub fn claim_invocation_at<'a>(
+    keys: &SkuKeys,
+    call_id: &Uuid,
+    claims: &[ClaimInput],
+    now_ms: i64,
+    floor: Floor,
 ) -> Result<redis::ScriptInvocation<'a>, StoreError> {
     if claims.is_empty() || claims.len() > crate::ids::CALL_CLAIMS {
         return Err(StoreError::Protocol(format!(
@@ -474,6 +522,22 @@ pub async fn restock<C: ConnectionLike>(
     mode: RestockMode,
     epoch: i64,
     floor: i64,
+) -> Result<Restocked, StoreError> {
+    restock_at(con, keys, op_id, delta, mode, epoch, Floor::seq(floor)).await
+}
+
+/// As [`restock`], with the whole floor (the ledger's mark and incarnation: see [`claim_at`]).
+///
+/// # Errors
+/// As [`restock`].
+pub async fn restock_at<C: ConnectionLike>(
+    con: &mut C,
+    keys: &SkuKeys,
+    op_id: &Uuid,
+    delta: i64,
+    mode: RestockMode,
+    epoch: i64,
+    floor: Floor,
 ) -> Result<Restocked, StoreError> {
     let mut inv = SCRIPTS.restock.prepare_invoke();
     for k in keys.lifecycle() {

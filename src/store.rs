@@ -31,6 +31,7 @@ use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use crate::activity::RecentMarks;
 use crate::error::StoreError;
+use crate::freshness::{Floor, Marks};
 use crate::keys::SkuKeys;
 use crate::replicas::{to_master, Replicas};
 
@@ -101,6 +102,9 @@ pub struct Store {
     /// This gateway's marks of active SKUs, shared by every clone, so each script caller marks
     /// its SKU without another handle (see [`crate::activity`]).
     recent_marks: Arc<RecentMarks>,
+    /// The ledger's marks this gateway knows, shared by every clone, so each script caller
+    /// sends its SKU's floor without another handle (see [`crate::freshness`]).
+    marks: Arc<Marks>,
 }
 
 impl Store {
@@ -166,6 +170,7 @@ impl Store {
             wait_timeout: Duration::from_millis(200),
             urls,
             recent_marks: Arc::default(),
+            marks: Arc::default(),
         };
         let mut con = store.hot();
         // Startup is not the hot path: loading every script (on every master) gets the same
@@ -210,6 +215,17 @@ impl Store {
 
     pub fn recent_marks(&self) -> &RecentMarks {
         &self.recent_marks
+    }
+
+    /// The ledger's marks this gateway knows (see [`crate::freshness`]).
+    pub fn marks(&self) -> &Arc<Marks> {
+        &self.marks
+    }
+
+    /// The floor of a script call that may change the state of the Redis SKU `name`: a state
+    /// older than it fails closed (`lua/lib/fresh.lua`).
+    pub fn floor(&self, name: &str) -> Floor {
+        self.marks.fence(name)
     }
 
     pub fn timeout(&self) -> Duration {

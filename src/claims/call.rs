@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use crate::activity;
 use crate::error::StoreError;
+use crate::freshness::Floor;
 use crate::ids;
 use crate::keys::SkuKeys;
 use crate::metrics as m;
@@ -55,11 +56,11 @@ pub(super) async fn decide_batch(
     keys: &SkuKeys,
     call: &Uuid,
     inputs: &[ClaimInput],
-    floor: i64,
+    floor: Floor,
 ) -> Decided {
     let mut con = store.hot();
     let started = Instant::now();
-    let sent = store.bounded(scripts::claim(
+    let sent = store.bounded(scripts::claim_at(
         &mut con,
         keys,
         call,

@@ -290,7 +290,7 @@ impl ClaimService {
             return self.decide_coalesced(name, tag, input).await;
         }
         let keys = self.store.keys(name);
-        let floor = self.marks.floor(name);
+        let floor = self.marks.fence(name);
         let call = ids::mint_call(tag);
         let mut d = decide_batch(
             &self.store,
@@ -374,7 +374,7 @@ async fn drain_lane(
             &keys,
             &call,
             &inputs,
-            marks.floor(&sku),
+            marks.fence(&sku),
         ))
         .catch_unwind()
         .await;

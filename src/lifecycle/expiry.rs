@@ -159,7 +159,8 @@ impl Expirer {
             inv.key(keys.expiry_lease())
                 .arg(self.owner.to_string())
                 .arg(LEASE_MS)
-                .arg(BATCH);
+                .arg(BATCH)
+                .arg(self.store.floor(sku));
             let mut con = self.store.hot();
             let reply: Vec<i64> = self
                 .store

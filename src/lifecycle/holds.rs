@@ -129,7 +129,8 @@ async fn decide_on(
     }
     inv.arg(op.arg())
         .arg(id.to_string())
-        .arg(caller.unwrap_or(""));
+        .arg(caller.unwrap_or(""))
+        .arg(store.floor(name));
     let mut con = store.hot();
     let call = store.bounded(async { Ok(inv.invoke_async(&mut con).await?) });
     let (code, status, _expires): (i64, String, i64) =
@@ -151,6 +152,7 @@ async fn decide_on(
             Err(e) => Err(StoreError::Protocol(format!("decide_hold.lua: {e}")).into()),
         },
         -1 => Err(StoreError::SkuLost.into()),
+        -3 => Err(StoreError::Stale.into()),
         _ => Ok(None),
     }
 }

@@ -76,7 +76,8 @@ pub async fn join(store: &Store, sku: &Sku, user: &str) -> Result<Joined, Lifecy
         } else {
             "0"
         })
-        .arg(check.map_or(String::new(), |c| c.ticket.to_string()));
+        .arg(check.map_or(String::new(), |c| c.ticket.to_string()))
+        .arg(store.floor(&name));
     let mut con = store.hot();
     let call = store.bounded(async { Ok(inv.invoke_async(&mut con).await?) });
     let (code, id, mut position): (i64, String, i64) =
@@ -102,6 +103,7 @@ pub async fn join(store: &Store, sku: &Sku, user: &str) -> Result<Joined, Lifecy
         4 => Joined::LimitReached,
         5 => Joined::NotOpen,
         6 => Joined::Closed,
+        -3 => return Err(StoreError::Stale.into()),
         _ => return Err(StoreError::SkuLost.into()),
     })
 }
@@ -253,7 +255,9 @@ pub async fn leave(
             for k in keys.lifecycle() {
                 inv.key(k);
             }
-            inv.arg(entry_id.to_string()).arg(caller.unwrap_or(""));
+            inv.arg(entry_id.to_string())
+                .arg(caller.unwrap_or(""))
+                .arg(store.floor(&name));
             let mut con = store.hot();
             let call = store.bounded(async { Ok(inv.invoke_async(&mut con).await?) });
             let (code, _status): (i64, String) =
@@ -262,6 +266,7 @@ pub async fn leave(
                 1 => return Ok(Left::Left),
                 2 => return Ok(Left::Ended),
                 -1 => return Err(StoreError::SkuLost.into()),
+                -3 => return Err(StoreError::Stale.into()),
                 // Not on this shard (or not the caller's): the next, then the ledger.
                 _ => {}
             }

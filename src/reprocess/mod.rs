@@ -280,7 +280,8 @@ impl Reprocessor {
             .arg(&row.user_id)
             .arg(row.quantity)
             .arg(row.claim_id.to_string())
-            .arg(MARKER_TTL_SECS);
+            .arg(MARKER_TTL_SECS)
+            .arg(self.store.floor(&name));
         let mut con = self.store.hot();
         // A compensation gives units back, maybe as an offer to the waitlist's head: a journal
         // entry and a hold on a SKU that may have left the active set long ago.

@@ -221,15 +221,19 @@ async fn pool_script(store: &Store, name: &str, op: PoolOp) -> Result<i64, Store
     let mut inv = match op {
         PoolOp::Offer(units) => {
             let mut inv = SCRIPTS.offer_pool.prepare_invoke();
-            inv.arg(units).arg("0");
+            inv.arg(units).arg("0").arg(store.floor(name));
             inv
         }
         PoolOp::Gather => {
             let mut inv = SCRIPTS.offer_pool.prepare_invoke();
-            inv.arg(0).arg("1");
+            inv.arg(0).arg("1").arg(store.floor(name));
             inv
         }
-        PoolOp::Release => SCRIPTS.release_pool.prepare_invoke(),
+        PoolOp::Release => {
+            let mut inv = SCRIPTS.release_pool.prepare_invoke();
+            inv.arg(store.floor(name));
+            inv
+        }
     };
     for k in keys.lifecycle() {
         inv.key(k);

@@ -118,7 +118,9 @@ pub(super) async fn lease_all(
     ticket: bool,
 ) -> Result<Vec<Leased>, StoreError> {
     let calls = (0..layout.count() as u16).map(|i| async move {
-        let keys = store.keys(&layout.name(sku, i));
+        let name = layout.name(sku, i);
+        let keys = store.keys(&name);
+        let floor = store.floor(&name);
         let mut con = store.hot();
         let (code, stock, pending, t): (i64, i64, i64, i64) = store
             .bounded(async {
@@ -128,6 +130,7 @@ pub(super) async fn lease_all(
                     .key(keys.transfers())
                     .arg(LEASE.as_millis() as u64)
                     .arg(if ticket && i == 0 { "1" } else { "0" })
+                    .arg(floor)
                     .invoke_async(&mut con)
                     .await?)
             })

@@ -146,6 +146,7 @@ pub async fn take(
             .arg(recipient)
             .arg(crate::claims::now_ms())
             .arg(source.arg())
+            .arg(store.floor(donor))
             .invoke_async(&mut con)
             .await?)
     });
@@ -195,7 +196,8 @@ pub async fn complete(
         .arg(p.units)
         .arg(&p.generation)
         .arg(super::TRANSFER_RECORD_TTL_SECS)
-        .arg(p.source.arg());
+        .arg(p.source.arg())
+        .arg(store.floor(&recipient));
     // The units may be offered (a journal entry and a hold) or pooled for the lines there.
     let call = store.bounded(async { Ok(apply.invoke_async(&mut con).await?) });
     let code: i64 = crate::activity::with_mark(store, &recipient, call).await?;

@@ -15,6 +15,7 @@ mod durability;
 mod edge;
 mod faults;
 mod findings;
+mod fresh_snapshot;
 mod helpers;
 mod hold_changes;
 mod hold_terms;

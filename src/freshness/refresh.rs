@@ -1,0 +1,219 @@
+//! The refresher: learns the marks of every SKU of the catalog (at start, and new SKUs as they
+//! appear), compares each state with its mark once, keeps the marks of the SKUs this gateway
+//! moves current every second, and advances the incarnation of those found fresh.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use super::{close_stale, Floor, Marks, REFRESH};
+use crate::error::{DbError, StoreError};
+use crate::scripts::SCRIPTS;
+use crate::store::Store;
+
+/// Catalog rows read per query while loading marks.
+const LOAD_CHUNK: i64 = 10_000;
+
+/// Learns the marks of the catalog's SKUs this gateway has not loaded yet (all of them at
+/// start), shards included, and queues their states for one comparison. Returns how many
+/// SKUs were new. A SKU's row exists before any of its state does (declare writes it first),
+/// so a gateway that ran this at start knows every mark before its first script call on
+/// that SKU, whatever it was used for.
+///
+/// # Errors
+/// The database error (what was loaded stays loaded).
+pub async fn load_new(db: &PgPool, marks: &Marks) -> Result<usize, DbError> {
+    let mut n = 0;
+    loop {
+        let after = marks.loaded_tag.load(Ordering::Relaxed);
+        let rows: Vec<(String, i32, i64, i64, i32, Vec<i32>)> = sqlx::query_as(
+            "SELECT sku, tag, redis_seq, redis_inc, shards, shard_salts FROM skus
+              WHERE tag > $1 ORDER BY tag LIMIT $2",
+        )
+        .bind(after)
+        .bind(LOAD_CHUNK)
+        .fetch_all(db)
+        .await
+        .map_err(DbError::from)?;
+        let Some(last) = rows.last().map(|r| r.1) else {
+            return Ok(n);
+        };
+        let mut shard_names = Vec::new();
+        let mut fresh = Vec::with_capacity(rows.len());
+        for (sku, _, seq, inc, shards, salts) in &rows {
+            marks.learn(sku, *seq, *inc);
+            let layout = crate::shards::Layout::stored(*shards, salts);
+            fresh.push(sku.clone());
+            for name in layout.names(sku).into_iter().skip(1) {
+                shard_names.push(name);
+            }
+        }
+        if !shard_names.is_empty() {
+            for (name, f) in crate::shards::marks::read_floors(db, &shard_names).await? {
+                marks.learn(&name, f.seq, f.inc);
+            }
+            fresh.extend(shard_names);
+        }
+        n += rows.len();
+        marks.loaded.lock().0.extend(fresh.iter().cloned());
+        marks.unchecked.lock().extend(fresh);
+        marks
+            .loaded_tag
+            .fetch_max(i64::from(last), Ordering::Relaxed);
+    }
+}
+
+/// Keeps this gateway's marks current and compares states with them, every second.
+pub struct Refresher {
+    pub store: Store,
+    pub db: PgPool,
+    pub marks: Arc<Marks>,
+}
+
+impl Refresher {
+    pub async fn run(self, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(REFRESH) => {}
+                _ = shutdown.cancelled() => break,
+            }
+            if let Err(e) = self.round().await {
+                tracing::debug!(error = %e, "freshness round failed; retrying");
+            }
+            // Restocks whose answer was lost, or whose gateway died, are finished here.
+            if let Err(e) = crate::inventory::settle_stuck_restocks(&self.store, &self.db).await {
+                tracing::debug!(error = %e, "settling pending restocks failed; retrying");
+            }
+        }
+        tracing::info!("freshness refresher stopped");
+    }
+
+    async fn round(&self) -> Result<(), RoundError> {
+        load_new(&self.db, &self.marks).await?;
+        // SKUs loaded from the catalog: each state compared once, used or not (a gateway
+        // started after Redis came back older finds it without waiting for a buyer).
+        let unchecked = std::mem::take(&mut *self.marks.unchecked.lock());
+        for (i, name) in unchecked.iter().enumerate() {
+            if let Err(e) = self.compare(name, self.marks.fence_peek(name)).await {
+                // Compared again next round.
+                self.marks
+                    .unchecked
+                    .lock()
+                    .extend(unchecked[i..].iter().cloned());
+                return Err(e);
+            }
+        }
+        // Floors of names not moved here yet, in turns: current when this gateway first does.
+        let walked = self.marks.walk();
+        if !walked.is_empty() {
+            for (name, f) in crate::shards::marks::read_floors(&self.db, &walked).await? {
+                self.marks.learn(&name, f.seq, f.inc);
+            }
+        }
+        let skus = self.marks.active();
+        if skus.is_empty() {
+            return Ok(());
+        }
+        // Shards of sharded SKUs among them keep their marks apart (src/shards/marks.rs).
+        let rows = crate::shards::marks::read_floors(&self.db, &skus).await?;
+        for (sku, floor) in rows {
+            self.marks.observe(&sku, floor.seq);
+            self.marks.observe_inc(&sku, floor.inc);
+            let floor = self.marks.fence_peek(&sku);
+            if let Some((seq, inc)) = self.compare(&sku, floor).await? {
+                self.rotate(&sku, floor, seq, inc).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Compares the state of `name` with `floor`, closing it when older. Returns its sequence
+    /// and incarnation when it is present and fresh.
+    async fn compare(&self, name: &str, floor: Floor) -> Result<Option<(i64, i64)>, RoundError> {
+        let keys = self.store.keys(name);
+        let mut con = self.store.hot();
+        let (seq, stale, inc): (Option<i64>, Option<String>, Option<i64>) = self
+            .store
+            .bounded(async {
+                Ok(redis::cmd("HMGET")
+                    .arg(keys.state())
+                    .arg("seq")
+                    .arg("stale")
+                    .arg("inc")
+                    .query_async(&mut con)
+                    .await?)
+            })
+            .await?;
+        let (Some(seq), None) = (seq, stale) else {
+            return Ok(None);
+        };
+        let inc = inc.unwrap_or(0);
+        if seq < floor.seq || inc < floor.inc {
+            close_stale(&self.store, name, "state older than the ledger").await;
+            return Ok(None);
+        }
+        Ok(Some((seq, inc)))
+    }
+
+    /// Advances the incarnation of a state found fresh whose sequence moved since its last
+    /// rotation, and records it once the replicas hold it: a copy of the state taken before
+    /// now is then recognised as older whatever its sequence becomes (`lua/rotate.lua`).
+    async fn rotate(&self, name: &str, floor: Floor, seq: i64, inc: i64) {
+        let mark = self.marks.mark(name);
+        if mark.rotated_at.load(Ordering::Relaxed) == seq {
+            return;
+        }
+        let keys = self.store.keys(name);
+        let mut con = self.store.hot();
+        let rotated = self
+            .store
+            .bounded(async {
+                Ok(SCRIPTS
+                    .rotate
+                    .key(keys.state())
+                    .arg(floor)
+                    .arg(inc)
+                    .invoke_async::<(i64, i64)>(&mut con)
+                    .await?)
+            })
+            .await;
+        let new = match rotated {
+            Ok((1, new)) => new,
+            // Another gateway rotated it (it records it), or the state just closed.
+            Ok((0 | -1, _)) => return,
+            Ok(_) => {
+                crate::metrics::stale_state();
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(sku = name, error = %e, "could not rotate the incarnation; next round");
+                return;
+            }
+        };
+        // Recorded only once a promoted replica would hold it: a failover must never bring
+        // back a state older than what PostgreSQL says it is.
+        match self.store.replicated(&keys).await {
+            Ok(true) => {}
+            _ => return,
+        }
+        match crate::shards::marks::record_inc(&self.db, name, new).await {
+            Ok(()) => {
+                self.marks.observe_inc(name, new);
+                mark.rotated_at.store(seq, Ordering::Relaxed);
+            }
+            Err(e) => {
+                tracing::debug!(sku = name, error = %e, "could not record the incarnation; next round");
+            }
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum RoundError {
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
