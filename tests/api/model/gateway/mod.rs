@@ -193,6 +193,8 @@ async fn the_gateway_keeps_every_invariant_under_seeded_faults() {
     let mut failure = None;
     for c in clients {
         if let Err(e) = c.await.unwrap() {
+            // Each client stops at its first failure; all of them are shown.
+            eprintln!("gateway model: client failed: {e}");
             failure.get_or_insert(e);
         }
     }

@@ -85,7 +85,14 @@ async fn claim(cx: &Ctx<'_>, rng: &mut StdRng, step: u64) -> Result<(), String> 
         .get(&(sku.to_string(), user.clone()))
         .cloned()
         .unwrap_or_default();
-    let fresh_qty = |rng: &mut StdRng| rng.random_range(1..=max_limit(sku));
+    // Now and then one past the declared limit: 400 unless a change of terms raised it.
+    let fresh_qty = |rng: &mut StdRng| {
+        if rng.random_bool(0.1) {
+            max_limit(sku)
+        } else {
+            rng.random_range(1..=spec(sku).limit)
+        }
+    };
     let (key, qty) = match rng.random_range(0..10) {
         0..=6 => (Some(format!("k{step}")), fresh_qty(rng)),
         7 | 8 if !prior.is_empty() => {

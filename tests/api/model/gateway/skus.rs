@@ -97,7 +97,7 @@ impl Knobs {
             .filter(|s| !s.is_empty())
             .collect();
         Knobs {
-            steps: num("GATEWAY_MODEL_STEPS", 6_000),
+            steps: num("GATEWAY_MODEL_STEPS", 4_000),
             pg_outage_ms: num("GATEWAY_MODEL_PG_OUTAGE_MS", 4_000),
             skip,
         }

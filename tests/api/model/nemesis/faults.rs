@@ -40,6 +40,9 @@ impl Nemesis {
                     }),
                     Err(_) => false,
                 };
+                // `in_flight` nets unwritten wins against unwritten give-backs (a cancel, an
+                // expiry): only empty journals say every decision is in the ledger.
+                let drained = drained && self.journals_empty(s.name).await;
                 if drained {
                     break;
                 }
@@ -58,6 +61,24 @@ impl Nemesis {
                 self.restart_gateway(i).await;
             }
         }
+    }
+
+    async fn journals_empty(&self, sku: &str) -> bool {
+        let Ok(mut con) = redis::Client::open(self.redis.url()) else {
+            return false;
+        };
+        let Ok(mut con) = con.get_multiplexed_async_connection().await else {
+            return false;
+        };
+        for name in crate::model::gateway::monitor::shard_names(sku) {
+            let key = format!("{}:{{{name}}}:journal", self.iso.prefix);
+            let len: redis::RedisResult<i64> =
+                redis::cmd("XLEN").arg(&key).query_async(&mut con).await;
+            if len.map_or(true, |n| n > 0) {
+                return false;
+            }
+        }
+        true
     }
 
     /// Gateway `i` cut off from Redis and PostgreSQL (its requests and their replies vanish),
