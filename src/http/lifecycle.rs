@@ -57,9 +57,15 @@ pub(super) async fn decide_hold(
         HoldAnswer::Refused(status) => return Err(refusal(&status)),
         HoldAnswer::Done => {}
     }
-    let claim = holds::find_claim(&state.store, &state.catalog, id)
+    let mut claim = holds::find_claim(&state.store, &state.catalog, id)
         .await?
         .ok_or(ApiError::UnknownClaim)?;
+    // Redis decided it: a read that fell back to the ledger (Redis unreadable a moment later)
+    // shows the row before the writer applied the decision, and a 200 carries the status it
+    // asked for (API.md).
+    if claim.status == "held" {
+        claim.status = op.target().to_string();
+    }
     Ok(json(StatusCode::OK, &claim))
 }
 
