@@ -64,10 +64,10 @@ impl Nemesis {
     }
 
     async fn journals_empty(&self, sku: &str) -> bool {
-        let Ok(mut con) = redis::Client::open(self.redis.url()) else {
+        let Ok(client) = redis::Client::open(self.redis.url()) else {
             return false;
         };
-        let Ok(mut con) = con.get_multiplexed_async_connection().await else {
+        let Ok(mut con) = client.get_multiplexed_async_connection().await else {
             return false;
         };
         for name in crate::model::gateway::monitor::shard_names(sku) {
