@@ -58,20 +58,25 @@ pub(super) async fn decide_hold(
         HoldAnswer::Refused(status) => return Err(refusal(status)),
         HoldAnswer::Done => {}
     }
-    let claim = holds::find_claim(&state.store, &state.catalog, id)
+    let mut claim = holds::find_claim(&state.store, &state.catalog, id)
         .await?
         .ok_or(ApiError::UnknownClaim)?;
     // A 200 carries the status it asked for (API.md). Redis deciding one way while the ledger
     // holds the claim as ended another means Redis decided on an older state than the
     // ledger's: the ledger's status stands, and that state is closed until restore.
-    let confirmed_final = op == HoldOp::Confirm && claim.status == "issued";
-    if claim.status != op.target() && claim.status != "held" && !confirmed_final {
+    let confirmed_final = op == HoldOp::Confirm && claim.status == ClaimStatus::Issued;
+    if claim.status != op.target() && claim.status != ClaimStatus::Held && !confirmed_final {
         if let Some(sku) = crate::lifecycle::sku_of(&state.catalog, &id).await? {
             let name = sku.layout.name_for_user(&sku.sku, &claim.user);
             crate::freshness::close_stale(&state.store, &name, "a hold decided against the ledger")
                 .await;
         }
-        return Err(refusal(&claim.status));
+        return Err(refusal(claim.status));
+    }
+    // Redis decided it: a read that fell back to the ledger (Redis unreadable a moment later)
+    // shows the row before the writer applied the decision.
+    if claim.status == ClaimStatus::Held {
+        claim.status = op.target();
     }
     Ok(json(StatusCode::OK, &claim))
 }

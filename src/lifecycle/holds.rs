@@ -216,9 +216,15 @@ pub async fn decide(
             }
         }
     }
-    // Redis holds no hold of this id: the ledger has its final status, or it is no hold.
-    let Some(row) = ledger::find_claim(catalog.db(), id).await? else {
-        return Ok(HoldAnswer::NotFound);
+    // Redis holds no hold of this id: the ledger has its final status, or it is no hold. A
+    // claim final at once that the writer has not written yet is its owner's all the same
+    // (GET finds it by its call record): it is confirmed already and cannot be cancelled.
+    let row = match ledger::find_claim(catalog.db(), id).await? {
+        Some(row) => row,
+        None => match find_claim(store, catalog, id).await? {
+            Some(row) => row,
+            None => return Ok(HoldAnswer::NotFound),
+        },
     };
     if caller.is_some_and(|u| u != row.user) {
         return Ok(HoldAnswer::NotFound);

@@ -1,0 +1,87 @@
+//! What must hold at every instant, checked twice a second while the clients run: no Redis
+//! stock below 0 on any shard, no buyer's Redis count over the limit, and no SKU with more live
+//! units in the ledger than its total in two reads in a row.
+//!
+//! One read over may be the ledger lagging Redis: a writer's batch writes its winners before
+//! it applies its status changes (a status change needs its claim's row, which may be in the
+//! same batch: src/writer/mod.rs), so a batch holding a hold's expiry and the win of the unit
+//! it gave back shows both live between its two statements; two writers of one journal can do
+//! the same across batches; and a parked claim's row is closed after its units went back. An
+//! oversell stays over. Each such read is printed, so a failing run shows whether it was one.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::skus::{max_limit, spec};
+use crate::helpers::Probe;
+
+/// A shard's per-user counts and its stock, as Redis holds them.
+type UsersAndStock = (Vec<(String, i64)>, Option<i64>);
+
+/// The Redis names of a model SKU's shards (one Redis: no placement salts).
+pub fn shard_names(sku: &str) -> Vec<String> {
+    (0..spec(sku).shards as u16)
+        .map(|i| dropgate::keys::shard_name(sku, i, 0))
+        .collect()
+}
+
+pub async fn monitor(probe: Probe, done: Arc<AtomicBool>) -> Result<(), String> {
+    let mut over: std::collections::HashMap<String, (i64, i64)> = Default::default();
+    while !done.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let rows: Vec<(String, i64, i64)> = match sqlx::query_as(
+            "SELECT s.sku, s.total,
+                    (SELECT COALESCE(SUM(quantity), 0)::bigint FROM issuances i
+                      WHERE i.sku = s.sku AND i.status IN ('issued', 'held', 'confirmed'))
+                  + (SELECT COALESCE(SUM(quantity), 0)::bigint FROM persistence_pending p
+                      WHERE p.sku = s.sku AND p.status IN ('pending', 'reprocessing')
+                        -- A claim with an issuances row is counted there, once.
+                        AND NOT EXISTS (SELECT 1 FROM issuances c
+                                         WHERE c.claim_id = p.claim_id))
+               FROM skus s",
+        )
+        .fetch_all(&probe.db)
+        .await
+        {
+            Ok(r) => r,
+            Err(_) => continue,
+        };
+        for (sku, total, live) in rows {
+            if live > total {
+                eprintln!("monitor: {sku}: {live} live units against a total of {total}");
+                if let Some((was_live, was_total)) = over.insert(sku.clone(), (live, total)) {
+                    return Err(format!(
+                        "{sku}: {live} live units against a total of {total}, and \
+                         {was_live} against {was_total} half a second before"
+                    ));
+                }
+            } else {
+                over.remove(&sku);
+            }
+            let limit = max_limit(&sku);
+            for name in shard_names(&sku) {
+                let users = format!("{}:{{{name}}}:users", probe.prefix);
+                let state = format!("{}:{{{name}}}:state", probe.prefix);
+                let read: redis::RedisResult<UsersAndStock> = redis::pipe()
+                    .cmd("HGETALL")
+                    .arg(&users)
+                    .cmd("HGET")
+                    .arg(&state)
+                    .arg("stock")
+                    .query_async(&mut probe.redis.clone())
+                    .await;
+                let Ok((counts, stock)) = read else { continue };
+                if let Some((user, n)) = counts.iter().find(|(_, n)| *n > limit) {
+                    return Err(format!(
+                        "redis counts {n} units of {name} for {user}, limit {limit}"
+                    ));
+                }
+                if stock.is_some_and(|s| s < 0) {
+                    return Err(format!("{name}: redis stock {stock:?}"));
+                }
+            }
+        }
+    }
+    Ok(())
+}
