@@ -45,3 +45,4 @@ mod stalls;
 mod tools;
 mod waitlist;
 mod writer;
+mod view_consistency;
