@@ -43,6 +43,8 @@ pub struct Scripts {
     pub unlock: Script,
     /// The journal's unacknowledged entries before one entry (src/writer/order.rs).
     pub pending_before: Script,
+    /// The Redis side of the SKU view, in one read (src/books.rs).
+    pub read_books: Script,
 }
 
 /// A script that ends holds or gives units back, with `lua/lib/lifecycle.lua` (functions
@@ -80,6 +82,7 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     release_pool: lifecycle_script!("release_pool.lua"),
     unlock: Script::new(include_str!("../lua/unlock.lua")),
     pending_before: Script::new(include_str!("../lua/pending_before.lua")),
+    read_books: Script::new(include_str!("../lua/read_books.lua")),
 });
 
 /// Loads every script into Redis (SCRIPT LOAD), so the first claim does not pay for it.
@@ -110,6 +113,7 @@ pub async fn load_all<C: ConnectionLike>(con: &mut C) -> Result<(), StoreError> 
         &s.release_pool,
         &s.unlock,
         &s.pending_before,
+        &s.read_books,
     ] {
         script.prepare_invoke().load_async(con).await?;
     }

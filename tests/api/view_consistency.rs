@@ -29,7 +29,12 @@ async fn views_during_restocks(api: &Api, sku: &str, views: usize) -> Vec<Value>
             while !stop.load(Ordering::Relaxed) {
                 for delta in [first, -first] {
                     let r = api.restock(&sku, delta).await;
-                    assert_eq!(r.status(), 200, "restock {delta}: {}", r.text().await.unwrap());
+                    assert_eq!(
+                        r.status(),
+                        200,
+                        "restock {delta}: {}",
+                        r.text().await.unwrap()
+                    );
                     applied += 1;
                 }
             }
@@ -53,7 +58,10 @@ async fn views_during_restocks(api: &Api, sku: &str, views: usize) -> Vec<Value>
     for r in restockers {
         restocks += r.await.unwrap();
     }
-    assert!(restocks >= 20, "only {restocks} restocks ran beside the views");
+    assert!(
+        restocks >= 20,
+        "only {restocks} restocks ran beside the views"
+    );
     seen.into_iter().flatten().collect()
 }
 
@@ -63,7 +71,8 @@ fn assert_balanced(views: &[Value]) {
     let wrong: Vec<&Value> = views
         .iter()
         .filter(|v| {
-            let held = v["remaining"].as_i64().unwrap_or(-1) + v["in_transit"].as_i64().unwrap_or(0);
+            let held =
+                v["remaining"].as_i64().unwrap_or(-1) + v["in_transit"].as_i64().unwrap_or(0);
             v["consistent"] != true
                 || v["total"].as_i64() != Some(held)
                 || v["in_flight"] != 0
@@ -221,7 +230,11 @@ async fn a_gateway_killed_between_its_postgres_write_and_its_redis_ack_never_sho
     .collect();
     for v in &stopped {
         assert_eq!(v["consistent"], true, "writer stopped before its ack: {v}");
-        assert_eq!((v["recorded"].as_i64(), v["in_flight"].as_i64()), (Some(128), Some(0)), "{v}");
+        assert_eq!(
+            (v["recorded"].as_i64(), v["in_flight"].as_i64()),
+            (Some(128), Some(0)),
+            "{v}"
+        );
         assert_eq!(v["unwritten_entries"], 0, "{v}");
     }
 
@@ -241,7 +254,10 @@ async fn a_gateway_killed_between_its_postgres_write_and_its_redis_ack_never_sho
         during += 1;
         assert!(views.len() < 5000, "the entries were never taken over");
     }
-    assert!(during > 0, "no view was read while the entries were unacknowledged");
+    assert!(
+        during > 0,
+        "no view was read while the entries were unacknowledged"
+    );
     for v in &views {
         assert_eq!(v["consistent"], true, "after the kill: {v}");
         assert_eq!(v["recorded"], 128, "{v}");
@@ -249,7 +265,10 @@ async fn a_gateway_killed_between_its_postgres_write_and_its_redis_ack_never_sho
     assert_eq!(probe.issued_ids("twice").await, won);
     assert_eq!(probe.stock("twice").await, Some(372));
     let v = api2.view("twice").await;
-    assert_eq!((v["in_flight"].as_i64(), v["unwritten_entries"].as_i64()), (Some(0), Some(0)));
+    assert_eq!(
+        (v["in_flight"].as_i64(), v["unwritten_entries"].as_i64()),
+        (Some(0), Some(0))
+    );
 }
 
 /// `in_flight` nets an unwritten win against an unwritten give-back: 0 while the ledger lacks
@@ -292,7 +311,11 @@ async fn unwritten_entries_show_a_ledger_behind_while_in_flight_nets_to_zero() {
     assert_eq!(v["consistent"], true, "{v}");
     assert_eq!(v["in_flight"], 0, "a win and a give-back net out: {v}");
     assert_eq!(v["unwritten_entries"], 2, "the ledger lacks both: {v}");
-    assert_eq!((v["recorded"].as_i64(), v["remaining"].as_i64()), (Some(1), Some(9)), "{v}");
+    assert_eq!(
+        (v["recorded"].as_i64(), v["remaining"].as_i64()),
+        (Some(1), Some(9)),
+        "{v}"
+    );
     // The same on the SKU's gauge, which the observer publishes from the view.
     let series = "dropgate_sku_unwritten_entries{sku=\"behind\"} 2";
     wait_for(Duration::from_secs(20), || async {
@@ -317,5 +340,9 @@ async fn unwritten_entries_show_a_ledger_behind_while_in_flight_nets_to_zero() {
     assert_eq!(statuses[&second.parse().unwrap()], "held");
     let v = app.view("behind").await;
     assert_eq!(v["consistent"], true, "{v}");
-    assert_eq!((v["in_flight"].as_i64(), v["recorded"].as_i64()), (Some(0), Some(1)), "{v}");
+    assert_eq!(
+        (v["in_flight"].as_i64(), v["recorded"].as_i64()),
+        (Some(0), Some(1)),
+        "{v}"
+    );
 }
