@@ -159,21 +159,24 @@ async fn ledger_side(
     claims: &[Uuid],
     waits: &[Uuid],
 ) -> Result<LedgerSide, DbError> {
-    let mut tx = db.begin().await?;
     // Every query below reads the snapshot of the first: one instant of the ledger.
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        .execute(&mut *tx)
+    let mut tx = db
+        .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         .await?;
-    let total: i64 = sqlx::query_scalar("SELECT total FROM skus WHERE sku = $1")
-        .bind(sku)
-        .fetch_one(&mut *tx)
-        .await?;
-    let restocks: Vec<(Uuid, i64)> = sqlx::query_as(
-        "SELECT op_id, delta FROM restock_ops WHERE sku = $1 AND status = 'pending'",
+    // The total with the restocks not finished, in one row.
+    let (total, ops, deltas): (i64, Vec<Uuid>, Vec<i64>) = sqlx::query_as(
+        "SELECT s.total,
+                COALESCE(array_agg(r.op_id ORDER BY r.op_id) FILTER (WHERE r.op_id IS NOT NULL), '{}'),
+                COALESCE(array_agg(r.delta ORDER BY r.op_id) FILTER (WHERE r.op_id IS NOT NULL), '{}')
+           FROM skus s
+           LEFT JOIN restock_ops r ON r.sku = s.sku AND r.status = 'pending'
+          WHERE s.sku = $1
+          GROUP BY s.total",
     )
     .bind(sku)
-    .fetch_all(&mut *tx)
+    .fetch_one(&mut *tx)
     .await?;
+    let restocks: Vec<(Uuid, i64)> = ops.into_iter().zip(deltas).collect();
     let sums = ledger_sums(&mut *tx, sku).await?;
     let mut found: HashMap<Uuid, Vec<String>> = HashMap::new();
     if !claims.is_empty() {
