@@ -68,6 +68,15 @@ async fn views_during_restocks(api: &Api, sku: &str, views: usize) -> Vec<Value>
 /// Every view balanced with nothing sold: `total` is what Redis holds (with units in transit
 /// between shards), nothing in flight, nothing unwritten.
 fn assert_balanced(views: &[Value]) {
+    // The false alarm first, on its own: what monitoring pages on.
+    let alarms: Vec<&Value> = views.iter().filter(|v| v["consistent"] != true).collect();
+    assert!(
+        alarms.is_empty(),
+        "{} of {} views said consistent: false, first: {}",
+        alarms.len(),
+        views.len(),
+        alarms[0]
+    );
     let wrong: Vec<&Value> = views
         .iter()
         .filter(|v| {
