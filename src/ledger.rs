@@ -135,8 +135,13 @@ pub struct SkuView {
     /// Redis stock; `None` when Redis is unreachable or lost the SKU.
     pub remaining: Option<i64>,
     pub recorded: i64,
-    /// Units decided by Redis and not yet written; `None` when Redis cannot tell.
+    /// Units decided by Redis that the ledger does not hold yet, net of units given back
+    /// whose change it does not hold yet; `None` when Redis cannot tell.
     pub in_flight: Option<i64>,
+    /// Journal entries carrying anything the ledger does not hold yet (a win, a hold's or a
+    /// waitlist entry's change): 0 exactly when the ledger has caught up with Redis, which
+    /// `in_flight` cannot tell (a win and a give-back net out). `None` when Redis cannot tell.
+    pub unwritten_entries: Option<i64>,
     pub pending: i64,
     /// Units of winners in the quarantine, not yet resolved by an operator: they left Redis
     /// stock and are in no other table, so the balance counts them.
@@ -185,7 +190,10 @@ pub struct LedgerSums {
 ///
 /// # Errors
 /// The database error.
-pub async fn ledger_sums(db: &PgPool, sku: &str) -> Result<LedgerSums, DbError> {
+pub async fn ledger_sums<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    sku: &str,
+) -> Result<LedgerSums, DbError> {
     Ok(sqlx::query_as(
         "SELECT
            (SELECT COALESCE(SUM(quantity), 0)::bigint FROM issuances
@@ -212,8 +220,10 @@ pub async fn ledger_sums(db: &PgPool, sku: &str) -> Result<LedgerSums, DbError> 
     .await?)
 }
 
-/// The SKU view. Redis and PostgreSQL are read one after the other while claims go on, so a
-/// snapshot can straddle a write; up to a few snapshots are taken until one balances.
+/// The SKU view: one reading of Redis and PostgreSQL at one instant ([`crate::books`]).
+/// While a reading cannot be fenced (Redis moved while PostgreSQL was read) or does not
+/// balance (an action half done across the stores, such as a compensation), a few more are
+/// taken; the last one is answered as it is.
 ///
 /// # Errors
 /// [`Refusal::UnknownSku`] or the database error. An unreachable Redis is not an error here:
@@ -223,55 +233,31 @@ pub async fn view(store: &Store, catalog: &Catalog, sku: &str) -> Result<SkuView
     let row = catalog::fetch(db, sku)
         .await?
         .ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
-    let keys = store.keys(sku);
     let mut last = None;
-    for _ in 0..5 {
-        let mut in_transit = None;
-        let mut shards = None;
-        let (remaining, in_flight) = if row.layout.is_sharded() {
-            match crate::shards::view::read(store, sku, row.layout).await {
-                Some(side) => {
-                    in_transit = Some(side.in_transit);
-                    shards = Some(side.shards);
-                    (Some(side.remaining), Some(side.in_flight))
-                }
-                None => (None, None),
-            }
-        } else {
-            let mut con = store.hot();
-            let redis_side: Option<(Option<i64>, Option<i64>)> = store
-                .bounded(async {
-                    Ok(redis::cmd("HMGET")
-                        .arg(keys.state())
-                        .arg("stock")
-                        .arg("inflight")
-                        .query_async(&mut con)
-                        .await?)
-                })
-                .await
-                .ok();
-            redis_side.unwrap_or((None, None))
-        };
-        let sums = ledger_sums(db, sku).await?;
-        let consistent = match (remaining, in_flight) {
-            (Some(r), Some(f)) => {
-                row.total
-                    == r + sums.recorded
+    for attempt in 0..VIEW_ATTEMPTS {
+        let r = crate::books::read(store, db, sku, row.layout).await?;
+        let sums = r.sums;
+        let consistent = match (r.remaining, r.in_flight) {
+            (Some(rem), Some(f)) => {
+                r.total
+                    == rem
+                        + sums.recorded
                         + f
                         + sums.pending
                         + sums.quarantined
-                        + in_transit.unwrap_or(0)
+                        + r.in_transit.unwrap_or(0)
             }
             _ => false,
         };
         let v = SkuView {
             sku: row.sku.clone(),
-            total: row.total,
+            total: r.total,
             per_user_limit: row.per_user_limit,
             hold_seconds: row.hold_seconds,
-            remaining,
+            remaining: r.remaining,
             recorded: sums.recorded,
-            in_flight,
+            in_flight: r.in_flight,
+            unwritten_entries: r.unwritten_entries,
             pending: sums.pending,
             quarantined: sums.quarantined,
             compensated: sums.compensated,
@@ -280,17 +266,24 @@ pub async fn view(store: &Store, catalog: &Catalog, sku: &str) -> Result<SkuView
             waiting: sums.waiting,
             offered: sums.offered,
             consistent,
-            in_transit,
-            shards,
+            in_transit: r.in_transit,
+            shards: r.shards,
         };
-        if consistent || remaining.is_none() {
+        if (consistent && r.fenced) || r.remaining.is_none() {
             return Ok(v);
         }
         last = Some(v);
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        // A reading taken while Redis moves is read again at once a few times (claims go
+        // on), then with pauses that let a half-done action finish.
+        if attempt >= 3 {
+            tokio::time::sleep(std::time::Duration::from_millis(10 * attempt as u64)).await;
+        }
     }
     Ok(last.expect("the loop ran at least once"))
 }
+
+/// Readings the view takes before it answers the last as it is.
+const VIEW_ATTEMPTS: usize = 10;
 
 #[cfg(test)]
 mod tests {
@@ -305,6 +298,7 @@ mod tests {
             remaining,
             recorded: total - remaining.unwrap_or(0),
             in_flight: remaining.map(|_| 0),
+            unwritten_entries: remaining.map(|_| 0),
             pending: 0,
             quarantined: 0,
             compensated: 0,

@@ -74,6 +74,9 @@
 //!   [`app`] (build, bind, run), [`cli`] (subcommands), [`startup`] (start-up failures said
 //!   once, without passwords, and their exit statuses).
 //! - [`demo`]: `dropgate demo`, a whole drop on this machine through a gateway of its own.
+//! - [`books`]: the SKU view's one reading of both stores (`lua/read_books.lua` between two
+//!   Redis reads, one PostgreSQL snapshot): a journal entry already written counts once, a
+//!   restock half done counts as Redis has it; `unwritten_entries` (docs/ledger-view.md).
 //!
 //! # The path of a claim
 //!
@@ -99,6 +102,7 @@
 pub mod activity;
 pub mod app;
 pub mod auth;
+pub mod books;
 pub mod catalog;
 pub mod claims;
 pub mod cli;

@@ -81,6 +81,7 @@ pub const OUTBOX_PUBLISHED: &str = "dropgate_outbox_published_total";
 pub const OUTBOX_DUPLICATES: &str = "dropgate_outbox_duplicates_total";
 pub const OUTBOX_LAG: &str = "dropgate_outbox_lag_seconds";
 pub const OUTBOX_PUBLISH_FAILURES: &str = "dropgate_outbox_publish_failures_total";
+pub const SKU_UNWRITTEN: &str = "dropgate_sku_unwritten_entries";
 
 /// Every `outcome` label of [`CLAIMS`]: the decisions, then the failures a claim is answered.
 pub const CLAIM_OUTCOMES: &[&str] = &[
@@ -293,6 +294,7 @@ pub fn sku_view(v: &SkuView) {
     gauge!(SKU_HELD, "sku" => sku.clone()).set(v.held as f64);
     gauge!(SKU_CONFIRMED, "sku" => sku.clone()).set(v.confirmed as f64);
     gauge!(SKU_OFFERED, "sku" => sku.clone()).set(v.offered as f64);
+    gauge!(SKU_UNWRITTEN, "sku" => sku.clone()).set(known(v.unwritten_entries));
     let consistent = match (v.remaining, v.in_flight) {
         (Some(_), Some(_)) => f64::from(u8::from(v.consistent)),
         _ => f64::NAN,
@@ -316,7 +318,7 @@ pub fn sku_overdue_holds(sku: &str, n: Option<i64>) {
 
 /// The SKU's Redis side is unknown (Redis unreachable): what depends on it turns NaN.
 pub fn sku_redis_unknown(sku: &str) {
-    for name in [SKU_REMAINING, SKU_IN_FLIGHT, SKU_CONSISTENT] {
+    for name in [SKU_REMAINING, SKU_IN_FLIGHT, SKU_CONSISTENT, SKU_UNWRITTEN] {
         gauge!(name, "sku" => sku.to_string()).set(f64::NAN);
     }
 }

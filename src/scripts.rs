@@ -46,6 +46,8 @@ pub struct Scripts {
     pub pending_before: Script,
     /// Advances a fresh state's incarnation (src/freshness.rs).
     pub rotate: Script,
+    /// The Redis side of the SKU view, in one read (src/books.rs).
+    pub read_books: Script,
 }
 
 /// A script that ends holds or gives units back, with `lua/lib/fresh.lua` and
@@ -97,6 +99,7 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     unlock: Script::new(include_str!("../lua/unlock.lua")),
     pending_before: Script::new(include_str!("../lua/pending_before.lua")),
     rotate: fresh_script!("rotate.lua"),
+    read_books: Script::new(include_str!("../lua/read_books.lua")),
 });
 
 /// Loads every script into Redis (SCRIPT LOAD), so the first claim does not pay for it.
@@ -128,6 +131,7 @@ pub async fn load_all<C: ConnectionLike>(con: &mut C) -> Result<(), StoreError> 
         &s.unlock,
         &s.pending_before,
         &s.rotate,
+        &s.read_books,
     ] {
         script.prepare_invoke().load_async(con).await?;
     }

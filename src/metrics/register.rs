@@ -165,6 +165,10 @@ pub(super) fn all() {
         "1 while the SKU fails closed, by reason (lost: Redis has no state; stale: older than the ledger)"
     );
     outbox();
+    describe_gauge!(
+        SKU_UNWRITTEN,
+        "Journal entries of the SKU carrying a win or a change the ledger does not hold yet (0: the ledger has caught up, whatever in_flight nets to); NaN when Redis cannot tell"
+    );
 }
 
 /// The outbox relay's families (`src/outbox/relay.rs`): every gateway runs a relay when

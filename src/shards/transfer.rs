@@ -64,7 +64,7 @@ impl Source {
 impl Pending {
     /// Parses a record `units|recipient|generation|created_ms[|source]` of the donor `donor`
     /// (records written before pools have no source: stock).
-    pub(super) fn parse(donor: u16, id: &str, rec: &str) -> Option<Pending> {
+    pub(crate) fn parse(donor: u16, id: &str, rec: &str) -> Option<Pending> {
         let mut p = rec.splitn(5, '|');
         Some(Pending {
             id: Uuid::parse_str(id).ok()?,

@@ -1,5 +1,5 @@
 //! Reading every shard of a sharded SKU: for a refill's decision ([`survey`]), and for the SKU
-//! view's sums and its per-shard lines ([`read`]).
+//! view's sums and its per-shard lines ([`summed`], of shards src/books.rs read).
 
 use serde::Serialize;
 
@@ -180,9 +180,14 @@ pub struct ShardedSide {
     pub shards: Vec<ShardView>,
 }
 
-/// Reads [`ShardedSide`]; `None` when Redis cannot tell (unreachable, a shard lost or stale).
-pub async fn read(store: &Store, sku: &str, layout: Layout) -> Option<ShardedSide> {
-    let states = survey(store, sku, layout).await.ok()?;
+/// Units in transit over `states`: taken out by a donor and not yet added by their
+/// recipient. `None` when Redis cannot tell.
+pub async fn in_transit(
+    store: &Store,
+    sku: &str,
+    layout: Layout,
+    states: &[ShardState],
+) -> Option<i64> {
     let mut in_transit = 0;
     for p in states.iter().flat_map(|s| &s.pending) {
         let applied = store
@@ -202,7 +207,19 @@ pub async fn read(store: &Store, sku: &str, layout: Layout) -> Option<ShardedSid
             in_transit += p.units;
         }
     }
-    Some(ShardedSide {
+    Some(in_transit)
+}
+
+/// [`ShardedSide`] of shards read as `states` (src/books.rs reads them, with each shard's
+/// `in_flight` net of what the ledger already holds) and their units `in_transit`.
+pub fn summed(
+    store: &Store,
+    sku: &str,
+    layout: Layout,
+    states: &[ShardState],
+    in_transit: i64,
+) -> ShardedSide {
+    ShardedSide {
         // Pooled units are the SKU's too: kept for its lines, sold to nobody else.
         remaining: states.iter().map(|s| s.stock + s.pool).sum(),
         in_flight: states.iter().map(|s| s.in_flight).sum(),
@@ -226,5 +243,5 @@ pub async fn read(store: &Store, sku: &str, layout: Layout) -> Option<ShardedSid
                 }
             })
             .collect(),
-    })
+    }
 }

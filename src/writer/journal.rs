@@ -142,6 +142,12 @@ pub fn winners_of(sku: &str, entry: Value) -> Option<Vec<Winner>> {
     }
 }
 
+/// What one entry (`[id, [field, value, ...]]`, as `XRANGE` returns it) carries, as a batch
+/// of its own: for the SKU view, which looks up what of it the ledger holds (src/books.rs).
+pub fn entry_batch(sku: &str, entry: Value) -> Batch {
+    parse_one(sku, entry)
+}
+
 /// What one entry (`[id, [field, value, ...]]`) carries, as a batch of its own.
 pub(super) fn parse_one(sku: &str, entry: Value) -> Batch {
     let mut out = Batch::default();

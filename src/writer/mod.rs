@@ -36,7 +36,7 @@ mod quarantine;
 
 pub use batch::{Batch, Change, Unreadable, WaitChange, Winner};
 pub use consumers::{reap_idle_consumers, GONE_AFTER_CLAIM_IDLES};
-pub use journal::winners_of;
+pub use journal::{entry_batch, winners_of, GROUP};
 pub use postgres::{write_batch, Unwritable};
 pub use quarantine::Quarantined;
 // The lifecycle table's test runs these statements (tests/api/lifecycle_table.rs).

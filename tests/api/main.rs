@@ -47,5 +47,6 @@ mod shards_waitlist;
 mod soldout;
 mod stalls;
 mod tools;
+mod view_consistency;
 mod waitlist;
 mod writer;

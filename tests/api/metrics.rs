@@ -75,7 +75,12 @@ async fn every_family_is_registered_at_start_with_help_and_type_and_passes_promt
     let deadline = Instant::now() + Duration::from_secs(10);
     let text = loop {
         let m = app.get("/metrics").await.text().await.unwrap();
-        if m.lines().any(|l| l == series) && m.contains("dropgate_redis_up ") {
+        // The view's gauges come after the overdue count in the observer's round.
+        let view = format!("dropgate_sku_consistent{{sku=\"{sku}\"}} 1");
+        if m.lines().any(|l| l == series)
+            && m.lines().any(|l| l == view)
+            && m.contains("dropgate_redis_up ")
+        {
             break m;
         }
         assert!(Instant::now() < deadline, "no {series} in:\n{m}");

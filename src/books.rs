@@ -1,0 +1,385 @@
+//! One reading of a SKU's books across Redis and PostgreSQL, for the SKU view
+//! ([`crate::ledger::view`]), and so for `reconcile` and the `dropgate_sku_*` gauges.
+//!
+//! Redis is read twice, each time in one script (`read_books.lua`: stock, `inflight`, the
+//! journal entries not acknowledged, transfers, restock markers), with PostgreSQL read in
+//! one snapshot in between. When nothing the view counts moved in Redis between the two
+//! reads, Redis held that state the whole time PostgreSQL's snapshot was taken: both sides
+//! are one instant's, and the reading is *fenced*. At that instant:
+//! - a journal entry whose rows the snapshot already holds (written, its acknowledgement not
+//!   yet made: a writer between the two steps, or SIGKILLed there) counts once, in the
+//!   ledger: its units come off `inflight`;
+//! - a restock PostgreSQL still has pending counts in the total exactly when Redis has
+//!   applied it (its marker), whichever store the restock moved first.
+//!
+//! docs/ledger-view.md says what each number counts and why a fenced reading balances.
+
+use redis::Value;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::error::{DbError, StoreError};
+use crate::ledger::LedgerSums;
+use crate::scripts::SCRIPTS;
+use crate::shards::transfer::Pending;
+use crate::shards::view::{ShardState, ShardView};
+use crate::shards::Layout;
+use crate::store::Store;
+use crate::writer::{entry_batch, Batch};
+
+mod ledger_side;
+use ledger_side::{backlog, ledger_side, Backlog};
+
+/// Unacknowledged journal entries read per shard (the writer's own batch size): beyond it
+/// the entries left out keep their units in `inflight` and count as unwritten.
+const ENTRIES: usize = 256;
+
+/// The Redis side of one SKU (one shard), as `read_books.lua` returns it.
+#[derive(Debug, Clone)]
+struct Side {
+    head: Head,
+    /// (entry id, the entry as XRANGE returns it), oldest first.
+    entries: Vec<(String, Value)>,
+    more: bool,
+    transfers: Vec<(String, String)>,
+    markers: Vec<Option<String>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Head {
+    stock: Option<i64>,
+    inflight: Option<i64>,
+    seq: Option<i64>,
+    stale: Option<String>,
+    pool: Option<i64>,
+    transfer_out: Option<i64>,
+}
+
+impl Side {
+    /// Nothing the view counts moved between two readings: every change of stock, pool or
+    /// transfers bumps or moves the head, a new entry or an acknowledgement changes the set
+    /// of unacknowledged entries (an id once acknowledged never comes back), and a restock's
+    /// marker is set with its stock and sequence.
+    fn same_as(&self, other: &Side) -> bool {
+        self.head == other.head
+            && self.more == other.more
+            && self.transfers == other.transfers
+            && self.entries.len() == other.entries.len()
+            && self
+                .entries
+                .iter()
+                .zip(&other.entries)
+                .all(|(a, b)| a.0 == b.0)
+    }
+}
+
+type HeadReply = (
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+    Option<String>,
+    Option<i64>,
+    Option<i64>,
+);
+
+/// Runs `read_books.lua` on `name` (a SKU or a shard's Redis name), with the markers of
+/// `restocks` (operations PostgreSQL has pending).
+async fn read_side(store: &Store, name: &str, restocks: &[Uuid]) -> Result<Side, StoreError> {
+    let keys = store.keys(name);
+    let mut inv = SCRIPTS.read_books.prepare_invoke();
+    inv.key(keys.state())
+        .key(keys.journal())
+        .key(keys.transfers());
+    for op in restocks {
+        inv.key(keys.restock_op(op));
+    }
+    inv.arg(crate::writer::GROUP).arg(ENTRIES);
+    let mut con = store.hot();
+    type Reply = (
+        HeadReply,
+        Vec<Value>,
+        i64,
+        Vec<(String, String)>,
+        Vec<Option<String>>,
+    );
+    let (h, entries, more, transfers, markers): Reply = store
+        .bounded(async { Ok(inv.invoke_async(&mut con).await?) })
+        .await?;
+    let entries = entries
+        .into_iter()
+        .filter_map(|e| match &e {
+            Value::Array(parts) if parts.len() == 2 => {
+                let id = redis::from_redis_value::<String>(parts[0].clone()).ok()?;
+                Some((id, e))
+            }
+            _ => None,
+        })
+        .collect();
+    Ok(Side {
+        head: Head {
+            stock: h.0,
+            inflight: h.1,
+            seq: h.2,
+            stale: h.3,
+            pool: h.4,
+            transfer_out: h.5,
+        },
+        entries,
+        more: more == 1,
+        transfers,
+        markers,
+    })
+}
+
+/// Every shard's side (shard 0 first), all in flight together; `None` when Redis cannot
+/// answer for one of them.
+async fn read_sides(store: &Store, names: &[String], restocks: &[Uuid]) -> Option<Vec<Side>> {
+    let reads = names.iter().enumerate().map(|(i, name)| {
+        // Restocks move shard 0 only (src/inventory.rs).
+        let ops = if i == 0 { restocks } else { &[] };
+        read_side(store, name, ops)
+    });
+    futures_util::future::try_join_all(reads).await.ok()
+}
+
+/// The books of one SKU at one reading.
+#[derive(Debug, Clone)]
+pub struct Reading {
+    /// The catalog total, with the restocks PostgreSQL has pending counted as Redis has them
+    /// (applied or not).
+    pub total: i64,
+    /// `None` when Redis cannot tell (unreachable, the SKU lost; a shard stale).
+    pub remaining: Option<i64>,
+    /// Units decided in Redis that the ledger does not hold yet, net of units given back
+    /// whose change it does not hold yet.
+    pub in_flight: Option<i64>,
+    /// Journal entries carrying anything the ledger does not hold yet (0: caught up).
+    pub unwritten_entries: Option<i64>,
+    pub in_transit: Option<i64>,
+    pub shards: Option<Vec<ShardView>>,
+    pub sums: LedgerSums,
+    /// Redis did not move while PostgreSQL was read: the two sides are one instant's.
+    pub fenced: bool,
+}
+
+/// Reads the books of `sku` once: Redis, PostgreSQL's snapshot, Redis again.
+///
+/// # Errors
+/// The database error. Redis not answering is no error: its numbers are then `None`.
+pub async fn read(
+    store: &Store,
+    db: &PgPool,
+    sku: &str,
+    layout: Layout,
+) -> Result<Reading, DbError> {
+    let names = layout.names(sku);
+    let first = read_sides(store, &names, &[]).await;
+    let parsed = |sides: &Option<Vec<Side>>| -> Vec<Vec<Batch>> {
+        sides.as_ref().map_or_else(Vec::new, |sides| {
+            sides
+                .iter()
+                .zip(&names)
+                .map(|(s, name)| {
+                    s.entries
+                        .iter()
+                        .map(|(_, e)| entry_batch(name, e.clone()))
+                        .collect()
+                })
+                .collect()
+        })
+    };
+    let batches = parsed(&first);
+    let claims: Vec<Uuid> = batches
+        .iter()
+        .flatten()
+        .flat_map(|b| {
+            b.winners
+                .iter()
+                .map(|w| w.claim_id)
+                .chain(b.changes.iter().map(|c| c.claim_id))
+        })
+        .collect();
+    let waits: Vec<Uuid> = batches
+        .iter()
+        .flatten()
+        .flat_map(|b| b.waits.iter().map(|w| w.entry_id))
+        .collect();
+    let states = first.as_ref().and_then(|s| shard_states(s, &[]));
+    // A transfer's second step moves its recipient's stock: read between the two readings,
+    // the fence covers it.
+    let in_transit = match &states {
+        Some(states) if layout.is_sharded() => {
+            crate::shards::view::in_transit(store, sku, layout, states).await
+        }
+        _ => None,
+    };
+    let ledger = ledger_side(db, sku, &claims, &waits).await?;
+    let ops: Vec<Uuid> = ledger.restocks.iter().map(|(op, _)| *op).collect();
+    let second = read_sides(store, &names, &ops).await;
+    let fenced = match (&first, &second) {
+        (Some(a), Some(b)) => a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.same_as(y)),
+        _ => false,
+    };
+    // Unfenced, the second reading's entries are looked up in a snapshot taken for the
+    // first's: the caller reads again.
+    let batches = if fenced { batches } else { parsed(&second) };
+    let total = ledger.total + restocks_pending(&ledger.restocks, second.as_ref());
+    let Some(sides) = second else {
+        return Ok(unknown(total, ledger.sums));
+    };
+    let backlogs: Vec<Backlog> = sides
+        .iter()
+        .zip(
+            batches
+                .iter()
+                .map(Vec::as_slice)
+                .chain(std::iter::repeat(&[][..])),
+        )
+        .map(|(s, b)| backlog(b, s.more, &ledger))
+        .collect();
+    let unwritten = backlogs.iter().map(|b| b.unwritten).sum();
+    if !layout.is_sharded() {
+        let h = &sides[0].head;
+        return Ok(Reading {
+            total,
+            remaining: h.stock,
+            in_flight: h.inflight.map(|f| f - backlogs[0].written_units),
+            unwritten_entries: h.stock.map(|_| unwritten),
+            in_transit: None,
+            shards: None,
+            sums: ledger.sums,
+            fenced,
+        });
+    }
+    let Some(states) = shard_states(&sides, &backlogs) else {
+        return Ok(unknown(total, ledger.sums));
+    };
+    let in_transit = if fenced {
+        in_transit
+    } else {
+        crate::shards::view::in_transit(store, sku, layout, &states).await
+    };
+    let Some(in_transit) = in_transit else {
+        return Ok(unknown(total, ledger.sums));
+    };
+    let side = crate::shards::view::summed(store, sku, layout, &states, in_transit);
+    Ok(Reading {
+        total,
+        remaining: Some(side.remaining),
+        in_flight: Some(side.in_flight),
+        unwritten_entries: Some(unwritten),
+        in_transit: Some(side.in_transit),
+        shards: Some(side.shards),
+        sums: ledger.sums,
+        fenced,
+    })
+}
+
+fn unknown(total: i64, sums: LedgerSums) -> Reading {
+    Reading {
+        total,
+        remaining: None,
+        in_flight: None,
+        unwritten_entries: None,
+        in_transit: None,
+        shards: None,
+        sums,
+        fenced: false,
+    }
+}
+
+/// What the restocks PostgreSQL has pending change in its total, as of Redis's reading: a
+/// positive delta is in the total before Redis has it (off again until its marker says
+/// applied), a negative one comes off the total only after Redis applied it (off already
+/// once its marker says so). A marker "void" is a restock fenced: it never applies.
+fn restocks_pending(restocks: &[(Uuid, i64)], sides: Option<&Vec<Side>>) -> i64 {
+    let markers = sides
+        .and_then(|s| s.first())
+        .map_or(&[][..], |s| s.markers.as_slice());
+    restocks
+        .iter()
+        .enumerate()
+        .map(|(i, (_, delta))| {
+            let applied = markers
+                .get(i)
+                .and_then(Option::as_deref)
+                .is_some_and(|m| m != "void");
+            match (applied, *delta > 0) {
+                (true, false) => *delta,
+                (false, true) => -*delta,
+                _ => 0,
+            }
+        })
+        .sum()
+}
+
+/// The shards as [`ShardState`]s, `in_flight` less the units the ledger already holds;
+/// `None` when a shard is lost or stale (the SKU fails closed as a whole).
+fn shard_states(sides: &[Side], backlogs: &[Backlog]) -> Option<Vec<ShardState>> {
+    sides
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let h = &s.head;
+            if h.stale.is_some() {
+                return None;
+            }
+            let written = backlogs.get(i).map_or(0, |b| b.written_units);
+            Some(ShardState {
+                stock: h.stock?,
+                pool: h.pool.unwrap_or(0),
+                in_flight: h.inflight.unwrap_or(0) - written,
+                transfer_out: h.transfer_out.unwrap_or(0),
+                pending: s
+                    .transfers
+                    .iter()
+                    .filter_map(|(id, rec)| Pending::parse(i as u16, id, rec))
+                    .collect(),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn side(markers: Vec<Option<&str>>) -> Vec<Side> {
+        vec![Side {
+            head: Head {
+                stock: Some(0),
+                inflight: Some(0),
+                seq: None,
+                stale: None,
+                pool: None,
+                transfer_out: None,
+            },
+            entries: Vec::new(),
+            more: false,
+            transfers: Vec::new(),
+            markers: markers.into_iter().map(|m| m.map(String::from)).collect(),
+        }]
+    }
+
+    #[test]
+    fn a_pending_restock_counts_in_the_total_exactly_when_redis_applied_it() {
+        let (up, down) = (Uuid::now_v7(), Uuid::now_v7());
+        let ops = [(up, 3), (down, -3)];
+        // Neither applied: the +3 already in the total comes off; the -3 is not in it yet.
+        assert_eq!(restocks_pending(&ops, Some(&side(vec![None, None]))), -3);
+        // Both applied: the +3 stays; the -3 not yet taken off the total comes off.
+        assert_eq!(
+            restocks_pending(&ops, Some(&side(vec![Some("7"), Some("8")]))),
+            -3
+        );
+        assert_eq!(
+            restocks_pending(&ops, Some(&side(vec![Some("7"), None]))),
+            0
+        );
+        // Fenced ("void"): never applied.
+        assert_eq!(
+            restocks_pending(&ops, Some(&side(vec![Some("void"), Some("void")]))),
+            -3
+        );
+    }
+}
