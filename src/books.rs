@@ -330,6 +330,7 @@ fn shard_states(sides: &[Side], backlogs: &[Backlog]) -> Option<Vec<ShardState>>
                 pool: h.pool.unwrap_or(0),
                 in_flight: h.inflight.unwrap_or(0) - written,
                 transfer_out: h.transfer_out.unwrap_or(0),
+                seq: h.seq.unwrap_or(0),
                 pending: s
                     .transfers
                     .iter()

@@ -126,7 +126,7 @@ pub(super) fn backlog(entries: &[Batch], more: bool, ledger: &LedgerSide) -> Bac
             let done = ledger
                 .waits
                 .get(&w.entry_id)
-                .is_some_and(|s| wait_rank(s) >= wait_rank(&w.status));
+                .is_some_and(|s| wait_rank(s) >= wait_rank(w.status.as_str()));
             behind |= !done;
         }
         out.unwritten += i64::from(behind);
