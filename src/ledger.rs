@@ -158,6 +158,9 @@ pub struct SkuView {
     /// for transfers it has not forgotten yet.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shards: Option<Vec<crate::shards::view::ShardView>>,
+    /// A SKU with a waiting room only ([`crate::queue`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<crate::queue::QueueView>,
 }
 
 /// Ledger sums of one SKU, in units. Each claim counts in one sum at most:
@@ -281,6 +284,7 @@ pub async fn view(store: &Store, catalog: &Catalog, sku: &str) -> Result<SkuView
             consistent,
             in_transit,
             shards,
+            queue: queue_part(store, &row).await,
         };
         if consistent || remaining.is_none() {
             return Ok(v);
@@ -289,6 +293,24 @@ pub async fn view(store: &Store, catalog: &Catalog, sku: &str) -> Result<SkuView
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     Ok(last.expect("the loop ran at least once"))
+}
+
+/// The view's `queue`: the settings, the seed's commitment (and the seed once open), the
+/// line's counts when Redis answers.
+async fn queue_part(store: &Store, row: &crate::catalog::Sku) -> Option<crate::queue::QueueView> {
+    let q = row.queue.0.as_ref()?;
+    let keys = store.keys(&row.sku);
+    let mut con = store.hot();
+    let counts = store
+        .bounded(crate::queue::calls::counts(&mut con, &keys))
+        .await
+        .ok();
+    Some(crate::queue::QueueView::of(
+        q,
+        row.opens_at,
+        chrono::Utc::now(),
+        counts,
+    ))
 }
 
 #[cfg(test)]
@@ -314,6 +336,7 @@ mod tests {
             consistent,
             in_transit: None,
             shards: None,
+            queue: None,
         }
     }
 

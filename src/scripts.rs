@@ -43,6 +43,12 @@ pub struct Scripts {
     pub unlock: Script,
     /// The journal's unacknowledged entries before one entry (src/writer/order.rs).
     pub pending_before: Script,
+    /// The waiting room (src/queue/; wrappers in src/queue/calls.rs): its settings, a join,
+    /// a ticket's reading, a round of admissions.
+    pub queue_config: Script,
+    pub join_queue: Script,
+    pub read_ticket: Script,
+    pub admit_queue: Script,
 }
 
 /// A script that ends holds or gives units back, with `lua/lib/lifecycle.lua` (functions
@@ -51,6 +57,16 @@ macro_rules! lifecycle_script {
     ($file:literal) => {
         Script::new(concat!(
             include_str!("../lua/lib/lifecycle.lua"),
+            include_str!(concat!("../lua/", $file))
+        ))
+    };
+}
+
+/// A waiting-room script, with `lua/lib/queue.lua` (functions only) prepended.
+macro_rules! queue_script {
+    ($file:literal) => {
+        Script::new(concat!(
+            include_str!("../lua/lib/queue.lua"),
             include_str!(concat!("../lua/", $file))
         ))
     };
@@ -80,6 +96,10 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     release_pool: lifecycle_script!("release_pool.lua"),
     unlock: Script::new(include_str!("../lua/unlock.lua")),
     pending_before: Script::new(include_str!("../lua/pending_before.lua")),
+    queue_config: Script::new(include_str!("../lua/queue_config.lua")),
+    join_queue: queue_script!("join_queue.lua"),
+    read_ticket: queue_script!("read_ticket.lua"),
+    admit_queue: queue_script!("admit_queue.lua"),
 });
 
 /// Loads every script into Redis (SCRIPT LOAD), so the first claim does not pay for it.
@@ -110,6 +130,10 @@ pub async fn load_all<C: ConnectionLike>(con: &mut C) -> Result<(), StoreError> 
         &s.release_pool,
         &s.unlock,
         &s.pending_before,
+        &s.queue_config,
+        &s.join_queue,
+        &s.read_ticket,
+        &s.admit_queue,
     ] {
         script.prepare_invoke().load_async(con).await?;
     }

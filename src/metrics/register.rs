@@ -165,6 +165,7 @@ pub(super) fn all() {
         "1 while the SKU fails closed, by reason (lost: Redis has no state; stale: older than the ledger)"
     );
     outbox();
+    crate::queue::admit::register_metrics();
 }
 
 /// The outbox relay's families (`src/outbox/relay.rs`): every gateway runs a relay when

@@ -31,6 +31,7 @@ mod parked_events;
 mod partition;
 mod problems;
 mod proxy;
+mod queue;
 mod restock;
 mod rollback;
 mod scope;
