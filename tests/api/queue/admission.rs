@@ -18,11 +18,11 @@ fn rate_between(admitted: &[(uuid::Uuid, i64)], from: i64, to: i64) -> f64 {
     n as f64 * 1000.0 / (to - from) as f64
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_keeps_the_set_rate_and_follows_a_change_while_running() {
     let app = spawn_app().await;
     // Joined before the opening, so the whole line waits when admission starts.
-    let opens = chrono::Utc::now() + chrono::Duration::seconds(8);
+    let opens = chrono::Utc::now() + chrono::Duration::seconds(20);
     let r = declare_queued(
         &app,
         "q-pace",
@@ -33,12 +33,11 @@ async fn admission_keeps_the_set_rate_and_follows_a_change_while_running() {
     .await;
     assert_eq!(r.status(), 201);
     let n = 1500;
-    let joined = crate::helpers::all_at_once(n, |i| {
-        let api = app.api.clone();
-        async move { join(&api, "q-pace", &visitor(&format!("p-{i}"))).await.0 }
-    })
-    .await;
-    assert!(joined.iter().all(|s| *s == 201));
+    join_many(&app, "q-pace", "p", n, 200).await;
+    assert!(
+        chrono::Utc::now() < opens,
+        "joined before the opening (machine too slow?)"
+    );
     // Let 100/s run for a while, then double it.
     wait_for(LONG, || async {
         counts(&app.probe, "q-pace").await.1 >= 400
@@ -189,7 +188,7 @@ async fn a_gateway_killed_while_admitting_is_taken_over_and_no_ticket_is_admitte
     .await;
     assert_eq!(r.status(), 201);
     let n = 400;
-    join_all(&api_a, "q-kill", "k", n).await;
+    join_many(&api_a, "q-kill", "k", n, 50).await;
     let probe = crate::helpers::Probe::new(&iso.database_url, REDIS_URL, &iso.prefix).await;
     wait_for(LONG, || async { counts(&probe, "q-kill").await.1 >= 20 }).await;
     let fence_a = qfield(&probe, "q-kill", "fence").await;

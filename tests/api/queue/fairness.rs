@@ -59,13 +59,13 @@ async fn the_prequeue_is_ordered_by_the_published_seed_and_later_tickets_by_arri
     let n = 80;
     let early = crate::helpers::all_at_once(n, |i| {
         let api = app.api.clone();
-        async move { join(&api, "q-fair", &visitor(&format!("early-{i}"))).await }
+        async move { join_retrying(&api, "q-fair", &visitor(&format!("early-{i}"))).await }
     })
     .await;
     let early: Vec<uuid::Uuid> = early
         .iter()
         .map(|(s, b)| {
-            assert_eq!(*s, 201, "{b}");
+            assert!(*s == 201 || *s == 200, "{s} {b}");
             assert_eq!(b["state"], "prequeue", "joined before the opening: {b}");
             uuid::Uuid::parse_str(b["ticket_id"].as_str().unwrap()).unwrap()
         })
@@ -90,8 +90,8 @@ async fn the_prequeue_is_ordered_by_the_published_seed_and_later_tickets_by_arri
     // After the opening, visitors follow in arrival order.
     let mut late = Vec::new();
     for i in 0..10 {
-        let (s, b) = join(&app, "q-fair", &visitor(&format!("late-{i}"))).await;
-        assert_eq!(s, 201, "{b}");
+        let (s, b) = join_retrying(&app, "q-fair", &visitor(&format!("late-{i}"))).await;
+        assert!(s == 201 || s == 200, "{s} {b}");
         assert_ne!(b["state"], "prequeue", "{b}");
         late.push(uuid::Uuid::parse_str(b["ticket_id"].as_str().unwrap()).unwrap());
     }
