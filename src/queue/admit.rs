@@ -37,20 +37,25 @@ const WAITING: &str = "dropgate_queue_waiting";
 const ADMITTED: &str = "dropgate_queue_admitted_total";
 const LAG: &str = "dropgate_queue_admission_lag_seconds";
 
-/// Describes the worker's families (per SKU: they appear with a queued SKU's first round).
+/// Describes the worker's families and registers them at zero. They sum the SKUs this
+/// gateway admits now (each SKU's own line and admissions are in its SKU view, `queue`): a
+/// label per SKU would leave a series behind on every gateway that once held a SKU's lease.
 pub fn register_metrics() {
     describe_gauge!(
         WAITING,
-        "Tickets in a queued SKU's line (pre-queue included), as the admitting gateway last read it"
+        "Tickets in the lines (pre-queue included) of the queued SKUs this gateway admits, as its last rounds read them"
     );
+    gauge!(WAITING).set(0.0);
     describe_counter!(
         ADMITTED,
-        "Tickets this gateway admitted from a queued SKU's line (rate() is the admitted per second)"
+        "Tickets this gateway admitted from queued SKUs' lines (sum(rate()) over the gateways is the admitted per second)"
     );
+    counter!(ADMITTED).increment(0);
     describe_gauge!(
         LAG,
-        "Seconds between the admitting gateway's last two rounds on a SKU (Redis's clock): the schedule's resolution, and how long a stall kept the line waiting"
+        "Longest time between this gateway's last two admission rounds of a SKU it admits (Redis's clock), in seconds: 0.05 when healthy; a stall that kept a line waiting shows here"
     );
+    gauge!(LAG).set(0.0);
 }
 
 struct Queued {
@@ -72,6 +77,9 @@ struct Seat {
     next: Option<Instant>,
     /// Redis's time of this gateway's last round as the holder.
     last_ms: i64,
+    /// The line and the time between the last two rounds, while leading (for the gauges).
+    waiting: i64,
+    lag_ms: i64,
 }
 
 impl Admitter {
@@ -124,6 +132,7 @@ impl Admitter {
                         self.seated(sku, seat, &r);
                     }
                     Err(e) => {
+                        seat.waiting = 0;
                         if let Some(o) = faults.occurred(sku, &e.to_string()) {
                             tracing::warn!(sku, error = %e, repeated = o.repeated, for_secs = o.for_secs,
                                 "queue admission: no round (the line waits; joins and reads fail closed)");
@@ -133,6 +142,9 @@ impl Admitter {
                     }
                 }
             }
+            let led = seats.values().filter(|s| s.leading);
+            gauge!(WAITING).set(led.clone().map(|s| s.waiting).sum::<i64>() as f64);
+            gauge!(LAG).set(led.map(|s| s.lag_ms).max().unwrap_or(0) as f64 / 1000.0);
             tokio::select! {
                 _ = tokio::time::sleep(TICK) => {}
                 _ = shutdown.cancelled() => break,
@@ -163,18 +175,21 @@ impl Admitter {
             );
         }
         if seat.leading {
-            gauge!(WAITING, "sku" => sku.to_string()).set(r.waiting as f64);
+            seat.waiting = r.waiting;
             if r.admitted > 0 {
-                counter!(ADMITTED, "sku" => sku.to_string()).increment(r.admitted as u64);
+                counter!(ADMITTED).increment(r.admitted as u64);
             }
-            if was && seat.last_ms > 0 {
-                gauge!(LAG, "sku" => sku.to_string())
-                    .set((r.now_ms - seat.last_ms).max(0) as f64 / 1000.0);
-            }
+            seat.lag_ms = if was && seat.last_ms > 0 {
+                (r.now_ms - seat.last_ms).max(0)
+            } else {
+                0
+            };
             seat.last_ms = r.now_ms;
             seat.next = None;
         } else {
             seat.last_ms = 0;
+            seat.waiting = 0;
+            seat.lag_ms = 0;
             seat.next = Some(Instant::now() + FOLLOW);
         }
     }
