@@ -42,6 +42,8 @@ pub struct AppState {
     draining: AtomicBool,
     /// The admission secret: the waiting room derives tickets and signs admissions with it.
     pub secret: crate::config::Secret,
+    /// Queued SKUs by tag, as tickets name them (a SKU's tag never changes).
+    pub ticket_tags: dashmap::DashMap<i32, String>,
 }
 
 impl AppState {
@@ -143,6 +145,7 @@ impl Application {
             store: store.clone(),
             draining: AtomicBool::new(false),
             secret: config.admission_secret.clone(),
+            ticket_tags: dashmap::DashMap::new(),
         });
         let writer = Writer::new(
             store.clone(),

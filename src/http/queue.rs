@@ -120,9 +120,8 @@ pub(super) async fn get_ticket(
         )
     };
     let ticket = Uuid::parse_str(id).map_err(|_| ApiError::UnknownTicket)?;
-    let entry = crate::lifecycle::sku_of(&state.catalog, &ticket)
-        .await
-        .map_err(ApiError::from)?
+    let entry = sku_of_ticket(state, &ticket)
+        .await?
         .filter(|e| e.queue.0.is_some())
         .ok_or(ApiError::UnknownTicket)?;
     // Another visitor's ticket is indistinguishable from a missing one.
@@ -148,6 +147,23 @@ pub(super) async fn get_ticket(
     }
     let view = ticket_view(state, &entry, &ticket, visitor.as_deref(), &report);
     Ok(json(StatusCode::OK, &view))
+}
+
+/// The SKU a ticket's tag names. A SKU's tag never changes, so the tag's SKU id is kept once
+/// found: a million visitors polling cost the catalog's cache, not a PostgreSQL query each.
+async fn sku_of_ticket(state: &AppState, ticket: &Uuid) -> Result<Option<std::sync::Arc<Sku>>> {
+    let tag = crate::ids::tag_of(ticket);
+    let known = state.ticket_tags.get(&tag).map(|s| s.clone());
+    if let Some(sku) = known {
+        return state.catalog.get(&sku).await.map_err(ApiError::from);
+    }
+    let found = crate::lifecycle::sku_of(&state.catalog, ticket)
+        .await
+        .map_err(ApiError::from)?;
+    if let Some(e) = &found {
+        state.ticket_tags.insert(tag, e.sku.clone());
+    }
+    Ok(found)
 }
 
 /// A read (or a join, which a retry answers the same) that got no answer moved nothing a

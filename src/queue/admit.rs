@@ -58,6 +58,14 @@ pub fn register_metrics() {
     gauge!(LAG).set(0.0);
 }
 
+/// A queued SKU's catalog columns: sku, rate, ttl, pre-queue start.
+type QueuedRow = (
+    String,
+    i32,
+    Option<i32>,
+    Option<chrono::DateTime<chrono::Utc>>,
+);
+
 struct Queued {
     rate: i32,
     ttl: i32,
@@ -195,12 +203,7 @@ impl Admitter {
     }
 
     async fn reload(&self) -> Result<HashMap<String, Queued>, sqlx::Error> {
-        let rows: Vec<(
-            String,
-            i32,
-            Option<i32>,
-            Option<chrono::DateTime<chrono::Utc>>,
-        )> = sqlx::query_as(
+        let rows: Vec<QueuedRow> = sqlx::query_as(
             "SELECT sku, queue_admit_per_second, queue_admission_ttl_seconds,
                         queue_prequeue_from
                    FROM skus WHERE queue_admit_per_second IS NOT NULL",

@@ -117,16 +117,6 @@ pub async fn admitted(probe: &Probe, sku: &str) -> Vec<(uuid::Uuid, i64)> {
         .collect()
 }
 
-/// The line in order: tickets.
-pub async fn line(probe: &Probe, sku: &str) -> Vec<uuid::Uuid> {
-    let k = qkeys(probe, sku);
-    let mut r = probe.redis.clone();
-    let v: Vec<Vec<u8>> = r.zrange(&k[1], 0, -1).await.unwrap();
-    v.into_iter()
-        .map(|m| uuid::Uuid::from_slice(&m).unwrap())
-        .collect()
-}
-
 pub async fn qfield(probe: &Probe, sku: &str, field: &str) -> Option<String> {
     let k = qkeys(probe, sku);
     let mut r = probe.redis.clone();
