@@ -40,6 +40,10 @@ pub struct AppState {
     pub live: Live,
     /// Set on shutdown, so /readyz turns 503 before the listener closes.
     draining: AtomicBool,
+    /// The admission secret: the waiting room derives tickets and signs admissions with it.
+    pub secret: crate::config::Secret,
+    /// Queued SKUs by tag, as tickets name them (a SKU's tag never changes).
+    pub ticket_tags: dashmap::DashMap<i32, String>,
 }
 
 impl AppState {
@@ -66,6 +70,8 @@ pub struct Application {
     /// Finishes transfers between the shards of a sharded SKU that a gateway left half done.
     transfers: Recovery,
     config: Config,
+    /// Admits the lines of queued SKUs (one gateway at a time per SKU, leased).
+    admitter: crate::queue::admit::Admitter,
 }
 
 impl Application {
@@ -146,6 +152,8 @@ impl Application {
             live: Live::default(),
             store: store.clone(),
             draining: AtomicBool::new(false),
+            secret: config.admission_secret.clone(),
+            ticket_tags: dashmap::DashMap::new(),
         });
         let writer = Writer::new(
             store.clone(),
@@ -186,6 +194,11 @@ impl Application {
             store: store.clone(),
             db: db.clone(),
         };
+        let admitter = crate::queue::admit::Admitter {
+            store: store.clone(),
+            db: db.clone(),
+            owner: uuid::Uuid::new_v4(),
+        };
         let reprocessor = Reprocessor::new(
             store,
             db,
@@ -205,6 +218,7 @@ impl Application {
             sold_out,
             transfers,
             config,
+            admitter,
         })
     }
 
@@ -237,6 +251,7 @@ impl Application {
         let upkeep = tokio::spawn(self.upkeep.run(background.clone()));
         let sold_out = tokio::spawn(self.sold_out.run(background.clone()));
         let transfers = tokio::spawn(self.transfers.run(background.clone()));
+        let admitter = tokio::spawn(self.admitter.run(background.clone()));
         // Stopped after the writer and the reprocessor, so its flush publishes what they
         // recorded while stopping.
         let relay_stop = CancellationToken::new();
@@ -272,6 +287,7 @@ impl Application {
             let _ = upkeep.await;
             let _ = sold_out.await;
             let _ = transfers.await;
+            let _ = admitter.await;
             relay_stop.cancel();
             let _ = relay.await;
         })

@@ -19,7 +19,17 @@ pub struct AdmissionClaims {
     /// When present, the token is valid for this SKU only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sku: Option<String>,
+    /// `"queue"` on a visitor token: it joins and reads a waiting room, and buys nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    /// The waiting-room ticket that admitted the buyer: set only on the tokens a queue mints
+    /// (`crate::queue`), and required by the claim route of a SKU with a queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tid: Option<String>,
 }
+
+/// The `scope` of a visitor token.
+pub const VISITOR_SCOPE: &str = "queue";
 
 /// Why a token was refused; every variant answers 401 `unauthorized`, and its text is the
 /// problem's `detail` (and the `error_description` of `WWW-Authenticate`), so a client can
@@ -40,6 +50,12 @@ pub enum AuthError {
     NotAdmin,
     #[error("the admin routes are closed: the gateway has no DROPGATE_ADMIN_TOKEN")]
     NoAdminToken,
+    /// A visitor token (`"scope": "queue"`) on a route that needs an admission token.
+    #[error("a visitor token only joins and reads a waiting room: claims need an admission token")]
+    VisitorToken,
+    /// An admission token on a waiting room's routes, which take a visitor token.
+    #[error("the waiting room takes a visitor token (\"scope\": \"queue\")")]
+    NotVisitor,
 }
 
 impl AuthError {
@@ -67,6 +83,8 @@ pub struct Buyer {
     pub user: String,
     /// `Some`: the token acts on this SKU's claims and entries only (API.md).
     pub sku: Option<String>,
+    /// The waiting-room ticket that admitted the buyer (the token's `tid`).
+    pub ticket: Option<String>,
 }
 
 impl Buyer {
@@ -108,11 +126,33 @@ impl Verifier {
     /// [`AuthError`] when the token is missing, malformed, expired, badly signed, or scoped to
     /// another SKU.
     pub fn buyer(&self, header: Option<&str>, sku: Option<&str>) -> Result<String, AuthError> {
+        self.admitted(header, sku).map(|b| b.user)
+    }
+
+    /// As [`Verifier::buyer`], with the token's scope and ticket (the claim route checks a
+    /// queued SKU's ticket against them).
+    ///
+    /// # Errors
+    /// As [`Verifier::buyer`].
+    pub fn admitted(&self, header: Option<&str>, sku: Option<&str>) -> Result<Buyer, AuthError> {
         let buyer = self.identify(header)?;
         match sku {
             Some(sku) if !buyer.may_act_on(sku) => Err(AuthError::WrongSku),
-            _ => Ok(buyer.user),
+            _ => Ok(buyer),
         }
+    }
+
+    /// Verifies a visitor token (`"scope": "queue"`): the visitor's id.
+    ///
+    /// # Errors
+    /// [`AuthError::NotVisitor`] for a token without that scope; otherwise as
+    /// [`Verifier::identify`].
+    pub fn visitor(&self, header: Option<&str>) -> Result<String, AuthError> {
+        let v = self.verify(header)?;
+        if v.scope.as_deref() != Some(VISITOR_SCOPE) {
+            return Err(AuthError::NotVisitor);
+        }
+        Ok(v.sub)
     }
 
     /// Verifies a buyer's token: who it is and the SKU it is limited to, for a route that
@@ -121,6 +161,21 @@ impl Verifier {
     /// # Errors
     /// [`AuthError`] when the token is missing, malformed, expired or badly signed.
     pub fn identify(&self, header: Option<&str>) -> Result<Buyer, AuthError> {
+        let claims = self.verify(header)?;
+        // A visitor token buys nothing: it is minted for every visitor of a waiting room,
+        // admitted or not, so taking it here would let the whole line past the queue.
+        if claims.scope.is_some() {
+            return Err(AuthError::VisitorToken);
+        }
+        Ok(Buyer {
+            user: claims.sub,
+            sku: claims.sku,
+            ticket: claims.tid,
+        })
+    }
+
+    /// The token's verified claims, whatever its scope.
+    fn verify(&self, header: Option<&str>) -> Result<Verified, AuthError> {
         let token = bearer(header).ok_or(AuthError::Missing)?;
         let now = jsonwebtoken::get_current_timestamp();
         let claims = match self.verified.get(token, now) {
@@ -137,15 +192,14 @@ impl Verifier {
                     sub: c.sub,
                     exp: c.exp,
                     sku: c.sku,
+                    scope: c.scope,
+                    tid: c.tid,
                 };
                 self.verified.insert(token, v.clone());
                 v
             }
         };
-        Ok(Buyer {
-            user: claims.sub,
-            sku: claims.sku,
-        })
+        Ok(claims)
     }
 
     /// The admin token's check with the reason of a refusal.
@@ -199,14 +253,51 @@ pub fn mint(
     sku: Option<&str>,
     ttl_secs: u64,
 ) -> Result<String, jsonwebtoken::errors::Error> {
-    let claims = AdmissionClaims {
-        sub: user.to_string(),
-        exp: jsonwebtoken::get_current_timestamp() + ttl_secs,
-        sku: sku.map(str::to_string),
-    };
+    sign(
+        secret,
+        &AdmissionClaims {
+            sub: user.to_string(),
+            exp: jsonwebtoken::get_current_timestamp() + ttl_secs,
+            sku: sku.map(str::to_string),
+            scope: None,
+            tid: None,
+        },
+    )
+}
+
+/// Mints a visitor token (`"scope": "queue"`): what a front end gives each visitor of a
+/// waiting room (`dropgate token --visitor` for tests and load runs).
+///
+/// # Errors
+/// The signing error (does not happen with an HMAC key).
+pub fn mint_visitor(
+    secret: &Secret,
+    user: &str,
+    ttl_secs: u64,
+) -> Result<String, jsonwebtoken::errors::Error> {
+    sign(
+        secret,
+        &AdmissionClaims {
+            sub: user.to_string(),
+            exp: jsonwebtoken::get_current_timestamp() + ttl_secs,
+            sku: None,
+            scope: Some(VISITOR_SCOPE.into()),
+            tid: None,
+        },
+    )
+}
+
+/// Signs `claims` with the admission secret.
+///
+/// # Errors
+/// The signing error (does not happen with an HMAC key).
+pub fn sign(
+    secret: &Secret,
+    claims: &AdmissionClaims,
+) -> Result<String, jsonwebtoken::errors::Error> {
     jsonwebtoken::encode(
         &Header::new(Algorithm::HS256),
-        &claims,
+        claims,
         &EncodingKey::from_secret(secret.expose().as_bytes())?,
     )
 }
@@ -243,6 +334,8 @@ mod tests {
             sub: "u".into(),
             exp: jsonwebtoken::get_current_timestamp() - 10,
             sku: None,
+            scope: None,
+            tid: None,
         };
         let expired = jsonwebtoken::encode(
             &Header::new(Algorithm::HS256),

@@ -73,6 +73,10 @@ pub struct Sku {
     #[serde(skip)]
     #[sqlx(flatten)]
     pub layout: crate::shards::Layout,
+    /// The SKU's waiting room, when it has one ([`crate::queue`]).
+    #[serde(skip)]
+    #[sqlx(flatten)]
+    pub queue: crate::queue::QueueRow,
 }
 
 enum Entry {
@@ -271,7 +275,9 @@ impl Catalog {
 pub async fn fetch(db: &PgPool, sku: &str) -> Result<Option<Sku>, DbError> {
     Ok(sqlx::query_as::<_, Sku>(
         "SELECT sku, total, per_user_limit, hold_seconds, seeded, redis_seq, declare_id,
-                offer_seconds, opens_at, closes_at, tag, shards, shard_salts
+                offer_seconds, opens_at, closes_at, tag, shards, shard_salts,
+                queue_admit_per_second, queue_admission_ttl_seconds, queue_prequeue_from,
+                queue_seed
            FROM skus WHERE sku = $1",
     )
     .bind(sku)

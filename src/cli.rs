@@ -68,6 +68,10 @@ pub struct DemoArgs {
     /// With holds: percent of winners who cancel (the rest walk away and their holds expire)
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u8).range(0..=100))]
     pub cancel_percent: u8,
+    /// Run the drop behind a waiting room: buyers join the pre-queue, the seed is published
+    /// at the opening, the queue admits at --buyers/5 per second, the admitted claim
+    #[arg(long)]
+    pub queue: bool,
     #[command(flatten)]
     pub stores: StoreArgs,
 }

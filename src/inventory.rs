@@ -149,6 +149,17 @@ pub struct SkuTerms {
     /// Redis shards (1..=16, see [`crate::shards`]); fixed at the first declare: another count
     /// later is refused like another total.
     pub shards: i32,
+    /// The waiting room's settings; `None` leaves a SKU's queue as it is (a queue, once
+    /// declared, stays: its visitors hold tickets).
+    pub queue: Option<QueueTerms>,
+}
+
+/// The `queue` of a declare (validated by the HTTP layer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueTerms {
+    pub admit_per_second: i32,
+    pub admission_ttl_seconds: i32,
+    pub prequeue_from: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// Declares a SKU, seeding its stock in Redis only if absent.
@@ -217,6 +228,22 @@ pub async fn declare(
         .execute(db)
         .await?;
     }
+    if let Some(q) = &terms.queue {
+        // The seed is chosen once, by the first declare with a queue, and never replaced: its
+        // commitment is public from then on (docs/waiting-room.md).
+        sqlx::query(
+            "UPDATE skus SET queue_admit_per_second = $2, queue_admission_ttl_seconds = $3,
+                    queue_prequeue_from = $4, queue_seed = COALESCE(queue_seed, $5)
+             WHERE sku = $1",
+        )
+        .bind(sku)
+        .bind(q.admit_per_second)
+        .bind(q.admission_ttl_seconds)
+        .bind(q.prequeue_from)
+        .bind(crate::queue::order::new_seed())
+        .execute(db)
+        .await?;
+    }
     let row = catalog::fetch(db, sku)
         .await?
         .ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
@@ -277,6 +304,18 @@ pub async fn declare(
             return Err(InventoryError::Refused(Refusal::StatePresent));
         }
         Declared::Lost => {}
+    }
+    if let Some(q) = &row.queue.0 {
+        let keys = store.keys(sku);
+        store
+            .bounded(crate::queue::calls::configure(
+                &mut con,
+                &keys,
+                q.admit_per_second,
+                q.admission_ttl_seconds,
+                q.prequeue_from.map_or(0, |t| t.timestamp_millis()),
+            ))
+            .await?;
     }
     catalog.load(sku).await?;
     Ok(Declaration {

@@ -199,6 +199,27 @@ impl SkuKeys {
     pub fn compensation(&self, claim_id: &uuid::Uuid) -> String {
         format!("{}comp:{}", self.head, claim_id.simple())
     }
+
+    /// The waiting room's keys in the order its scripts take them as `KEYS[1..7]` (see
+    /// `lua/lib/queue.lua`): its hash, the line, the admitted set, then the SKU's state,
+    /// waitlist, expiry set and per-user counts.
+    pub fn queue(&self) -> [String; 7] {
+        [
+            format!("{}q", self.head),
+            format!("{}q:line", self.head),
+            format!("{}q:admitted", self.head),
+            self.state(),
+            self.waitlist(),
+            self.expiry(),
+            self.users(),
+        ]
+    }
+
+    /// One visitor's join counter in the waiting room (its ticket, hex): the join rate is per
+    /// visitor, never per address.
+    pub fn queue_joins(&self, ticket: &uuid::Uuid) -> String {
+        format!("{}q:j:{}", self.head, ticket.simple())
+    }
 }
 
 #[cfg(test)]
@@ -221,9 +242,11 @@ mod tests {
             k.expiry_lease(),
             k.transfers(),
             k.transfer_in(&id),
+            k.queue_joins(&id),
         ]
         .into_iter()
         .chain(k.lifecycle())
+        .chain(k.queue())
         {
             assert!(key.starts_with("dg:{drop-1}:"), "{key}");
         }

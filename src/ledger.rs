@@ -164,6 +164,9 @@ pub struct SkuView {
     /// for transfers it has not forgotten yet.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shards: Option<Vec<crate::shards::view::ShardView>>,
+    /// A SKU with a waiting room only ([`crate::queue`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<crate::queue::QueueView>,
 }
 
 /// Ledger sums of one SKU, in units. Each claim counts in one sum at most:
@@ -268,6 +271,7 @@ pub async fn view(store: &Store, catalog: &Catalog, sku: &str) -> Result<SkuView
             consistent,
             in_transit: r.in_transit,
             shards: r.shards,
+            queue: queue_part(store, &row).await,
         };
         if (consistent && r.fenced) || r.remaining.is_none() {
             return Ok(v);
@@ -284,6 +288,24 @@ pub async fn view(store: &Store, catalog: &Catalog, sku: &str) -> Result<SkuView
 
 /// Readings the view takes before it answers the last as it is.
 const VIEW_ATTEMPTS: usize = 10;
+
+/// The view's `queue`: the settings, the seed's commitment (and the seed once open), the
+/// line's counts when Redis answers.
+async fn queue_part(store: &Store, row: &crate::catalog::Sku) -> Option<crate::queue::QueueView> {
+    let q = row.queue.0.as_ref()?;
+    let keys = store.keys(&row.sku);
+    let mut con = store.hot();
+    let counts = store
+        .bounded(crate::queue::calls::counts(&mut con, &keys))
+        .await
+        .ok();
+    Some(crate::queue::QueueView::of(
+        q,
+        row.opens_at,
+        chrono::Utc::now(),
+        counts,
+    ))
+}
 
 #[cfg(test)]
 mod tests {
@@ -309,6 +331,7 @@ mod tests {
             consistent,
             in_transit: None,
             shards: None,
+            queue: None,
         }
     }
 

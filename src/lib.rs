@@ -70,6 +70,9 @@
 //!   built from the catalog row's layout (`shards/layout.rs`: count and placement salts),
 //!   the salts chosen at the first declare on a cluster so the shards sit on different
 //!   masters (`shards/placement.rs`).
+//! - [`queue`]: the waiting room of a SKU declared with a `queue`: tickets, the pre-queue's
+//!   order from a committed seed (`queue/order.rs`), the leased admission worker
+//!   (`queue/admit.rs`), the admission tokens the claim route of such a SKU requires.
 //! - [`config`], [`db`] (the ledger's pool and the request path's, kept apart), [`metrics`],
 //!   [`app`] (build, bind, run), [`cli`] (subcommands), [`startup`] (start-up failures said
 //!   once, without passwords, and their exit statuses).
@@ -122,6 +125,7 @@ pub mod metrics;
 pub mod observe;
 pub mod outbox;
 pub mod pace;
+pub mod queue;
 pub mod record;
 pub mod repeats;
 pub mod replicas;

@@ -48,6 +48,12 @@ pub struct Scripts {
     pub rotate: Script,
     /// The Redis side of the SKU view, in one read (src/books.rs).
     pub read_books: Script,
+    /// The waiting room (src/queue/; wrappers in src/queue/calls.rs): its settings, a join,
+    /// a ticket's reading, a round of admissions.
+    pub queue_config: Script,
+    pub join_queue: Script,
+    pub read_ticket: Script,
+    pub admit_queue: Script,
 }
 
 /// A script that ends holds or gives units back, with `lua/lib/fresh.lua` and
@@ -69,6 +75,16 @@ macro_rules! fresh_script {
     ($file:literal) => {
         Script::new(concat!(
             include_str!("../lua/lib/fresh.lua"),
+            include_str!(concat!("../lua/", $file))
+        ))
+    };
+}
+
+/// A waiting-room script, with `lua/lib/queue.lua` (functions only) prepended.
+macro_rules! queue_script {
+    ($file:literal) => {
+        Script::new(concat!(
+            include_str!("../lua/lib/queue.lua"),
             include_str!(concat!("../lua/", $file))
         ))
     };
@@ -100,6 +116,10 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     pending_before: Script::new(include_str!("../lua/pending_before.lua")),
     rotate: fresh_script!("rotate.lua"),
     read_books: Script::new(include_str!("../lua/read_books.lua")),
+    queue_config: Script::new(include_str!("../lua/queue_config.lua")),
+    join_queue: queue_script!("join_queue.lua"),
+    read_ticket: queue_script!("read_ticket.lua"),
+    admit_queue: queue_script!("admit_queue.lua"),
 });
 
 /// Loads every script into Redis (SCRIPT LOAD), so the first claim does not pay for it.
@@ -132,6 +152,10 @@ pub async fn load_all<C: ConnectionLike>(con: &mut C) -> Result<(), StoreError> 
         &s.pending_before,
         &s.rotate,
         &s.read_books,
+        &s.queue_config,
+        &s.join_queue,
+        &s.read_ticket,
+        &s.admit_queue,
     ] {
         script.prepare_invoke().load_async(con).await?;
     }

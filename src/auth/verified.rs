@@ -25,6 +25,8 @@ pub(super) struct Verified {
     pub sub: String,
     pub exp: u64,
     pub sku: Option<String>,
+    pub scope: Option<String>,
+    pub tid: Option<String>,
 }
 
 pub(super) struct VerifiedTokens {
@@ -76,6 +78,8 @@ mod tests {
             sub: "u".into(),
             exp,
             sku: None,
+            scope: None,
+            tid: None,
         }
     }
 

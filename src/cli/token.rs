@@ -26,6 +26,10 @@ pub struct TokenArgs {
     /// How long the token is valid: seconds (3600) or a duration (90s, 15m, 1h, 2days)
     #[arg(long, default_value = "1h", value_parser = parse_ttl)]
     pub ttl: Duration,
+    /// Mint a visitor token instead (`"scope": "queue"`): it joins and reads a SKU's waiting
+    /// room (POST /v1/skus/{sku}/queue) and buys nothing; the queue mints the admission
+    #[arg(long, conflicts_with = "sku")]
+    pub visitor: bool,
     /// HS256 secret the gateways verify with, at least 16 bytes [required]
     #[arg(long, env = crate::config::ENV_ADMISSION_SECRET, hide_env_values = true)]
     pub admission_secret: Option<String>,
@@ -73,8 +77,12 @@ pub fn run(t: &TokenArgs) -> Result<(), Failure> {
                 user.chars().count()
             )));
         }
-        let token = crate::auth::mint(&secret, &user, t.sku.as_deref(), ttl)
-            .map_err(|e| Failure::new(Exit::Other, format!("cannot sign a token: {e}")))?;
+        let token = if t.visitor {
+            crate::auth::mint_visitor(&secret, &user, ttl)
+        } else {
+            crate::auth::mint(&secret, &user, t.sku.as_deref(), ttl)
+        }
+        .map_err(|e| Failure::new(Exit::Other, format!("cannot sign a token: {e}")))?;
         let line = match t.count {
             None => writeln!(out, "{token}"),
             Some(_) => writeln!(out, "{user}\t{token}"),

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cli::DemoArgs;
 
 mod checkout;
+mod queue;
 
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     // A gateway of its own: the stores given, every other setting at its default, and a
@@ -36,6 +37,18 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .build()?;
     let sku = format!("demo-{}", chrono::Utc::now().format("%Y%m%d-%H%M%S-%3f"));
     let admin_auth = format!("Bearer {}", admin.expose());
+    if args.queue {
+        let room = queue::Room {
+            http: &http,
+            base: &base,
+            admin_auth: &admin_auth,
+            secret: &secret,
+        };
+        let done = room.run(&args, &sku).await;
+        shutdown.cancel();
+        let _ = server.await;
+        return done;
+    }
     let resp = http
         .put(format!("{base}/admin/skus/{sku}"))
         .header("authorization", &admin_auth)

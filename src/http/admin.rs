@@ -21,6 +21,16 @@ struct DeclareBody {
     closes_at: Option<chrono::DateTime<chrono::FixedOffset>>,
     /// Redis shards of the SKU (1..=16, default 1; see `crate::shards`).
     shards: Option<i64>,
+    /// The SKU's waiting room (API.md, "Waiting room"; `crate::queue`).
+    queue: Option<QueueBody>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QueueBody {
+    admit_per_second: i64,
+    admission_ttl_seconds: Option<i64>,
+    prequeue_from: Option<chrono::DateTime<chrono::FixedOffset>>,
 }
 
 /// Longest hold or offer accepted: a week (a checkout, not a reservation system).
@@ -80,6 +90,11 @@ pub(super) async fn declare(
             ));
         }
     }
+    let queue = body
+        .queue
+        .as_ref()
+        .map(|q| queue_terms(q, opens_at, shards))
+        .transpose()?;
     let terms = inventory::SkuTerms {
         per_user_limit: limit as i32,
         hold_seconds: hold as i32,
@@ -87,6 +102,7 @@ pub(super) async fn declare(
         opens_at,
         closes_at,
         shards: shards as i32,
+        queue,
     };
     let d = inventory::declare(&state.store, &state.catalog, sku, body.total, &terms).await?;
     let status = if d.created {
@@ -95,6 +111,55 @@ pub(super) async fn declare(
         StatusCode::OK
     };
     Ok(json(status, &d.view))
+}
+
+/// A declare's `queue`, checked before anything is stored.
+fn queue_terms(
+    q: &QueueBody,
+    opens_at: Option<chrono::DateTime<chrono::Utc>>,
+    shards: i64,
+) -> Result<inventory::QueueTerms> {
+    use crate::queue::{
+        DEFAULT_ADMISSION_TTL, MAX_ADMISSION_TTL, MAX_ADMIT_PER_SECOND, MIN_ADMISSION_TTL,
+    };
+    if !(1..=MAX_ADMIT_PER_SECOND).contains(&q.admit_per_second) {
+        return Err(ApiError::BadRequest(format!(
+            "queue.admit_per_second must be in 1..={MAX_ADMIT_PER_SECOND}"
+        )));
+    }
+    let ttl = q.admission_ttl_seconds.unwrap_or(DEFAULT_ADMISSION_TTL);
+    if !(MIN_ADMISSION_TTL..=MAX_ADMISSION_TTL).contains(&ttl) {
+        return Err(ApiError::BadRequest(format!(
+            "queue.admission_ttl_seconds must be in {MIN_ADMISSION_TTL}..={MAX_ADMISSION_TTL}"
+        )));
+    }
+    let prequeue_from = q.prequeue_from.map(|t| t.to_utc());
+    if let Some(from) = prequeue_from {
+        match opens_at {
+            Some(o) if from < o => {}
+            Some(_) => {
+                return Err(ApiError::BadRequest(
+                    "queue.prequeue_from must be earlier than opens_at".into(),
+                ))
+            }
+            None => {
+                return Err(ApiError::BadRequest(
+                    "queue.prequeue_from needs opens_at (the pre-queue is shuffled at the opening)"
+                        .into(),
+                ))
+            }
+        }
+    }
+    if shards != 1 {
+        return Err(ApiError::BadRequest(
+            "a SKU with a queue has one shard: its line lives in the SKU's slot".into(),
+        ));
+    }
+    Ok(inventory::QueueTerms {
+        admit_per_second: q.admit_per_second as i32,
+        admission_ttl_seconds: ttl as i32,
+        prequeue_from,
+    })
 }
 
 pub(super) async fn sku_view(

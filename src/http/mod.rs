@@ -12,6 +12,7 @@ mod live;
 mod openapi;
 mod problem;
 mod problems;
+mod queue;
 mod router;
 mod routes;
 

@@ -77,6 +77,14 @@ pub enum ApiError {
     OutcomeUnknown(uuid::Uuid),
     /// PostgreSQL could not answer an admin or lookup request.
     Database(DbError),
+    /// A claim on a SKU with a waiting room with a token its queue did not mint.
+    NotAdmitted,
+    /// A queue join on a SKU without a waiting room.
+    NotQueued,
+    /// No waiting-room ticket of this id is the caller's.
+    UnknownTicket,
+    /// A visitor joined past the per-visitor join rate: 429 + Retry-After.
+    JoinRate,
 }
 
 #[derive(Serialize)]
@@ -170,6 +178,22 @@ impl ApiError {
                 StatusCode::TOO_MANY_REQUESTS,
                 "overloaded",
                 "Too many claims waiting",
+            ),
+            NotAdmitted => (
+                StatusCode::FORBIDDEN,
+                "not_admitted",
+                "Not admitted by the waiting room",
+            ),
+            NotQueued => (StatusCode::CONFLICT, "not_queued", "The SKU has no queue"),
+            UnknownTicket => (
+                StatusCode::NOT_FOUND,
+                "unknown_ticket",
+                "Unknown waiting-room ticket",
+            ),
+            JoinRate => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "overloaded",
+                "Too many joins from this visitor",
             ),
             OutcomeUnknown(_)
             | Unavailable(StoreError::Timeout | StoreError::OutcomeUnknown(_)) => (

@@ -35,6 +35,7 @@ pub(super) const PROBLEMS: &[(&str, u16, &str, &str)] = &[
     ("state_present", 409, "Redis holds state for this SKU: on a declare, state this catalog never declared (it is never adopted); on a restore, the live state a restore would replace.", "On a restore, add ?force=true to replace Redis's state with the ledger's; on a declare, remove the foreign keys or use another SKU id."),
     ("not_admitted", 403, "The SKU sells through its waiting room, and this token was not minted by its queue.", "Join the queue (POST /v1/skus/{sku}/queue) and claim with the admission token it gives."),
     ("not_queued", 409, "The SKU has no waiting room.", "Claim directly."),
+    ("unknown_ticket", 404, "No waiting-room ticket of this id is yours.", "Use the ticket_id of your own join with the visitor token that made it."),
     ("overloaded", 429, "The gateway sheds load: too many claims wait on this SKU.", "Retry after the Retry-After seconds."),
     ("unavailable", 503, "Redis (or PostgreSQL) could not decide, or Redis lost or holds a stale state of the SKU; the gateway fails closed: nothing changed.", "Retry after the Retry-After seconds; when the detail says the SKU needs a restore, an operator must run POST /admin/skus/{sku}/restore."),
     ("outcome_unknown", 503, "The claim was sent to Redis and its answer lost: it may have won. The body carries its claim_id.", "Read GET /v1/claims/{claim_id} (it tells within seconds), or retry with the same Idempotency-Key."),
@@ -103,6 +104,10 @@ mod tests {
             ApiError::TooManyConnections,
             ApiError::Unavailable(StoreError::SkuLost),
             ApiError::OutcomeUnknown(uuid::Uuid::nil()),
+            ApiError::NotAdmitted,
+            ApiError::NotQueued,
+            ApiError::UnknownTicket,
+            ApiError::JoinRate,
         ];
         for a in answers {
             let (status, code, _) = a.parts();

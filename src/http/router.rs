@@ -11,7 +11,7 @@ use hyper::{Request, Response, StatusCode};
 
 use super::problem::{ApiError, Body};
 use super::routes::{self, json, Result};
-use super::{admin, lifecycle, live, openapi, problems};
+use super::{admin, lifecycle, live, openapi, problems, queue};
 use crate::app::AppState;
 use crate::lifecycle::holds::HoldOp;
 
@@ -71,6 +71,9 @@ pub const ROUTES: &[Route] = &[
     r("/healthz", "GET"),
     r("/readyz", "GET"),
     r("/metrics", "GET"),
+    r("/v1/skus/{sku}/queue", "POST"),
+    r("/v1/queue/{ticket_id}", "GET"),
+    r("/queue/{sku}", "GET"),
 ];
 
 /// Most path segments a route has; a longer path matches none.
@@ -128,6 +131,9 @@ async fn route(state: &Arc<AppState>, req: Request<Incoming>) -> Result<Response
         ("/healthz", "GET") => Ok(json(StatusCode::OK, &routes::Status { status: "ok" })),
         ("/readyz", "GET") => Ok(routes::readyz(state).await),
         ("/metrics", "GET") => Ok(routes::metrics(state)),
+        ("/v1/skus/{sku}/queue", "POST") => queue::join(state, p(0), &req).await,
+        ("/v1/queue/{ticket_id}", "GET") => queue::get_ticket(state, p(0), &req).await,
+        ("/queue/{sku}", "GET") => queue::page(p(0)),
         // An entry of the table without its arm: tests/api/openapi.rs probes every entry.
         _ => Err(ApiError::NotFound),
     }

@@ -46,10 +46,11 @@ pub(super) async fn claim(
     sku: &str,
     req: Request<Incoming>,
 ) -> Result<Response<Body>> {
-    let user = state
+    let buyer = state
         .verifier
-        .buyer(header(&req, AUTHORIZATION.as_str()), Some(sku))
+        .admitted(header(&req, AUTHORIZATION.as_str()), Some(sku))
         .map_err(ApiError::Unauthorized)?;
+    let user = buyer.user.clone();
     check_sku(sku)?;
     let idempotency_key = idempotency_key(&req)?;
     let quantity = claim_quantity(&read_body(req).await?)?;
@@ -62,6 +63,9 @@ pub(super) async fn claim(
         // the decisions, so shed load shows in `dropgate_claims_total{outcome="overloaded"}`.
         .inspect_err(|e| m::claim_failed(e.code()))?
         .ok_or(ApiError::UnknownSku)?;
+    if entry.queue.0.is_some() {
+        super::queue::admitted_here(state, &entry, &buyer)?;
+    }
     if quantity < 1 || quantity > i64::from(entry.per_user_limit) {
         return Err(ApiError::BadRequest(format!(
             "quantity must be between 1 and {} (the per-user limit)",

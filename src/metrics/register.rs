@@ -169,6 +169,7 @@ pub(super) fn all() {
         SKU_UNWRITTEN,
         "Journal entries of the SKU carrying a win or a change the ledger does not hold yet (0: the ledger has caught up, whatever in_flight nets to); NaN when Redis cannot tell"
     );
+    crate::queue::admit::register_metrics();
 }
 
 /// The outbox relay's families (`src/outbox/relay.rs`): every gateway runs a relay when

@@ -34,6 +34,7 @@ mod parked_events;
 mod partition;
 mod problems;
 mod proxy;
+mod queue;
 mod restock;
 mod rollback;
 mod scope;

@@ -1,0 +1,78 @@
+-- admit_queue.lua: one round of a SKU's admissions (lib/queue.lua prepended), by the gateway
+-- holding the SKU's admission lease; or the release of that lease.
+--
+-- KEYS[1..7] the queue keys (see lib/queue.lua)
+-- ARGV[1]    the caller's owner token (one per gateway process)
+-- ARGV[2]    the lease, ms
+-- ARGV[3]    most tickets to admit in this round
+-- ARGV[4]    "release": give the lease up (at shutdown) and admit nothing; "" otherwise
+--
+-- Returns {code, admitted, fence, waiting, now_ms}; code: 'lost' (fail closed), 'follower'
+-- (another gateway holds the lease), 'released', 'not_open' (before opens_at), 'sold_out',
+-- 'wait' (units may come back), 'ok' (this round admitted `admitted` tickets).
+--
+-- Invariant (I4): a ticket is admitted once: taken from the line's head and put in the
+-- admitted set in this one atomic step, only by the lease's holder. The lease is checked and
+-- renewed here, on Redis's clock, so a gateway that lost it (paused, partitioned, killed and
+-- restarted) admits nothing more; a new holder takes the next fence and restarts the schedule.
+-- Admissions follow `rate` per second of Redis's clock, at most a second's worth at once.
+local me, lease, most = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local now = q_now()
+if q_lost() then
+  return {'lost', 0, 0, 0, now}
+end
+local h = redis.call('HMGET', KEYS[1], 'owner', 'lease_until', 'fence', 'last_ms', 'credit')
+local owner, until_ms, fence = h[1], tonumber(h[2] or '0'), tonumber(h[3] or '0')
+local waiting = redis.call('ZCARD', KEYS[2])
+if ARGV[4] == 'release' then
+  if owner == me then
+    redis.call('HSET', KEYS[1], 'lease_until', 0)
+  end
+  return {'released', 0, fence, waiting, now}
+end
+if owner and owner ~= me and until_ms > now then
+  return {'follower', 0, fence, waiting, now}
+end
+local last, credit = tonumber(h[4] or now), tonumber(h[5] or '0')
+if owner ~= me then
+  fence = fence + 1
+  last, credit = now, 0
+  redis.call('HSET', KEYS[1], 'owner', me, 'fence', fence)
+end
+redis.call('HSET', KEYS[1], 'lease_until', now + lease)
+local function idle(code)
+  redis.call('HSET', KEYS[1], 'last_ms', now, 'credit', 0)
+  return {code, 0, fence, waiting, now}
+end
+if now < q_num(KEYS[4], 'opens_ms') then
+  return idle('not_open')
+end
+local supply = q_supply()
+if supply ~= 'open' then
+  return idle(supply)
+end
+local rate = q_num(KEYS[1], 'rate')
+credit = math.min(credit + (now - last) * rate / 1000, math.max(1, rate))
+local n = math.min(math.floor(credit), most, waiting)
+local admitted = 0
+if n > 0 then
+  local popped = redis.call('ZPOPMIN', KEYS[2], n)
+  local add = {}
+  for i = 1, #popped, 2 do
+    add[#add + 1] = now
+    add[#add + 1] = popped[i]
+  end
+  admitted = #popped / 2
+  redis.call('ZADD', KEYS[3], unpack(add))
+  redis.call('HINCRBY', KEYS[1], 'admitted_total', admitted)
+  if q_num(KEYS[1], 'first_ms') == 0 then
+    redis.call('HSET', KEYS[1], 'first_ms', now)
+  end
+end
+credit = credit - admitted
+if admitted == waiting then
+  -- Nobody left waiting: no credit is banked for a burst at the next joiners.
+  credit = 0
+end
+redis.call('HSET', KEYS[1], 'last_ms', now, 'credit', tostring(credit))
+return {'ok', admitted, fence, waiting - admitted, now}

@@ -1,0 +1,51 @@
+-- join_queue.lua: a visitor joins a SKU's waiting room, once (lib/queue.lua prepended).
+--
+-- KEYS[1..7] the queue keys (see lib/queue.lua)
+-- KEYS[8]    the visitor's join counter (expires with its window)
+-- ARGV[1]    the ticket (16 raw bytes: a function of the secret, the SKU and the visitor, so
+--            the same visitor always names the same ticket)
+-- ARGV[2]    the ticket's pre-queue order (its shuffle key from the committed seed, < 2^52)
+-- ARGV[3]    joins a visitor may make per window
+-- ARGV[4]    the window, ms
+-- ARGV[5]    the visitor (the user whose per-user count tells a used admission)
+--
+-- Returns {'lost'} (fail closed), {'overloaded', retry_ms}, {'closed'}, {'not_open',
+-- prequeue_ms}, or {'ok', created (1 new, 0 the visitor's ticket already), <q_report>}.
+--
+-- Invariant: one ticket per visitor and SKU (the ticket is in the line or in the admitted set
+-- at most once: ZADD only when it is in neither); a ticket joined before opens_at is ordered by
+-- the seed, a later one after every earlier one (arrival order); the join counter throttles a
+-- visitor, never an address.
+local ticket, user = ARGV[1], ARGV[5]
+local now = q_now()
+if q_lost() then
+  return {'lost'}
+end
+local n = redis.call('INCR', KEYS[8])
+if n == 1 then
+  redis.call('PEXPIRE', KEYS[8], tonumber(ARGV[4]))
+end
+if n > tonumber(ARGV[3]) then
+  return {'overloaded', redis.call('PTTL', KEYS[8])}
+end
+local closes = q_num(KEYS[4], 'closes_ms')
+if closes > 0 and now >= closes then
+  return {'closed'}
+end
+local created = 0
+if not redis.call('ZSCORE', KEYS[3], ticket) and not redis.call('ZSCORE', KEYS[2], ticket) then
+  local score
+  if now < q_num(KEYS[4], 'opens_ms') then
+    local from = q_num(KEYS[1], 'prequeue_ms')
+    if from > 0 and now < from then
+      return {'not_open', from}
+    end
+    score = ARGV[2]
+  else
+    score = 4503599627370496 + redis.call('HINCRBY', KEYS[1], 'seq', 1)
+  end
+  redis.call('ZADD', KEYS[2], score, ticket)
+  created = 1
+end
+local r = q_report(ticket, user, now)
+return {'ok', created, unpack(r)}

@@ -1,0 +1,94 @@
+-- lib/queue.lua: functions shared by the waiting room's scripts (src/queue/), prepended to
+-- each; it defines no key of its own. Every script that includes it takes these as KEYS[1..7]:
+--
+-- KEYS[1]  the queue hash {sku}:q: rate (admissions per second), ttl_ms (how long an admission
+--          is valid), prequeue_ms (the pre-queue opens; 0: from the declare on), seq (arrival
+--          counter), owner / lease_until / fence (the admitting gateway's lease), last_ms /
+--          credit (the admission schedule), first_ms (the first admission), admitted_total
+-- KEYS[2]  the line: sorted set of waiting tickets (16 raw bytes) by order; a pre-queue ticket's
+--          order is its shuffle key (< 2^52, from the committed seed), a later one's
+--          2^52 + its arrival number (docs/waiting-room.md)
+-- KEYS[3]  the admitted: sorted set of admitted tickets by admission time (unix ms, Redis clock)
+-- KEYS[4]  the SKU's state hash (stock, stale, opens_ms, closes_ms)
+-- KEYS[5]  the SKU's waitlist line
+-- KEYS[6]  the SKU's expiry set (holds still held: units that may come back)
+-- KEYS[7]  the SKU's per-user counts (an admitted visitor who bought has used the admission)
+--
+-- Invariant (I1, I3): the queue never moves stock or counts; it only decides who may claim,
+-- and every ticket is in the line or in the admitted set, never both.
+
+-- Redis's clock, in unix ms: every gateway's decision uses the same clock.
+local function q_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Whether the queue cannot decide: the SKU's state or the queue's settings are missing (Redis
+-- lost them) or the state is stale. Fail closed.
+local function q_lost()
+  local st = redis.call('HMGET', KEYS[4], 'stock', 'stale')
+  return (not st[1]) or st[2] or redis.call('EXISTS', KEYS[1]) == 0
+end
+
+local function q_num(key, field)
+  return tonumber(redis.call('HGET', key, field) or '0') or 0
+end
+
+-- What the SKU can give the line now: 'open' (units, nobody on the waitlist), 'sold_out' (no
+-- units, and no hold that could give some back), 'wait' (no open units yet, some may come
+-- back: a hold, or a waitlist served first).
+local function q_supply()
+  local stock = q_num(KEYS[4], 'stock')
+  if stock > 0 then
+    if redis.call('ZCARD', KEYS[5]) == 0 then
+      return 'open'
+    end
+    return 'wait'
+  end
+  if redis.call('ZCARD', KEYS[6]) == 0 then
+    return 'sold_out'
+  end
+  return 'wait'
+end
+
+-- One ticket as its visitor sees it at `now`, with what the ETA needs:
+-- {state, position, admitted_ms, now, opens_ms, rate, recent, window_ms, waiting}
+-- state: 'admitted' | 'expired' | 'prequeue' | 'waiting' | 'sold_out' | 'none' (no such
+-- ticket); `recent` admissions happened in the last `window_ms` (the achieved rate).
+local function q_report(ticket, user, now)
+  local opens = q_num(KEYS[4], 'opens_ms')
+  local rate = q_num(KEYS[1], 'rate')
+  local first = q_num(KEYS[1], 'first_ms')
+  local window, recent = 0, 0
+  if first > 0 then
+    window = math.min(10000, now - first)
+    recent = redis.call('ZCOUNT', KEYS[3], now - window, now)
+  end
+  local waiting = redis.call('ZCARD', KEYS[2])
+  local state, position, adm = 'none', 0, 0
+  local a = redis.call('ZSCORE', KEYS[3], ticket)
+  if a then
+    adm = tonumber(a)
+    state = 'expired'
+    if now < adm + q_num(KEYS[1], 'ttl_ms') then
+      state = 'admitted'
+    elseif user ~= '' and tonumber(redis.call('HGET', KEYS[7], user) or '0') > 0 then
+      -- Used in time: the visitor bought, so the admission did not lapse unused.
+      state = 'admitted'
+    end
+  else
+    local rank = redis.call('ZRANK', KEYS[2], ticket)
+    if rank then
+      if now < opens then
+        state = 'prequeue'
+      else
+        position = rank + 1
+        state = 'waiting'
+        if q_supply() == 'sold_out' then
+          state = 'sold_out'
+        end
+      end
+    end
+  end
+  return {state, position, adm, now, opens, rate, recent, window, waiting}
+end

@@ -1,0 +1,236 @@
+//! The waiting room's routes: join (`POST /v1/skus/{sku}/queue`, a visitor token), a ticket
+//! (`GET /v1/queue/{ticket_id}`, its visitor's token or the admin token), the waiting page
+//! (`GET /queue/{sku}`), and the claim route's check that a queued SKU's buyer was admitted.
+
+use bytes::Bytes;
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE};
+use hyper::{Request, Response, StatusCode};
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::problem::{full, ApiError, Body};
+use super::routes::{check_sku, header, json, Result};
+use crate::app::AppState;
+use crate::auth::Buyer;
+use crate::catalog::Sku;
+use crate::error::StoreError;
+use crate::queue::calls::{self, Joined, Report};
+use crate::queue::{self as q, order};
+
+#[derive(Serialize)]
+struct TicketView<'a> {
+    ticket_id: Uuid,
+    sku: &'a str,
+    state: &'a str,
+    /// From 1 while waiting; `null` otherwise.
+    position: Option<i64>,
+    eta_seconds: Option<i64>,
+    poll_after_ms: u64,
+    /// Once admitted (to the ticket's visitor only): the token the claim route takes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    admission_token: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    admission_expires_at: Option<String>,
+    opens_at: Option<String>,
+    /// Tickets in line now (the progress bar's scale).
+    waiting: i64,
+}
+
+/// The claim route's check on a SKU with a queue: the token was minted by this SKU's queue
+/// (`tid` is the visitor's ticket on this SKU, and the token is for this SKU). The token is
+/// signed, so its ticket, SKU and expiry are the queue's own; nothing is read.
+pub(super) fn admitted_here(state: &AppState, entry: &Sku, buyer: &Buyer) -> Result<()> {
+    let ticket = order::ticket_id(&state.secret, &entry.sku, entry.tag, &buyer.user);
+    let minted = buyer.sku.as_deref() == Some(entry.sku.as_str())
+        && buyer
+            .ticket
+            .as_deref()
+            .and_then(|t| Uuid::parse_str(t).ok())
+            == Some(ticket);
+    if minted {
+        Ok(())
+    } else {
+        Err(ApiError::NotAdmitted)
+    }
+}
+
+pub(super) async fn join(
+    state: &AppState,
+    sku: &str,
+    req: &Request<Incoming>,
+) -> Result<Response<Body>> {
+    let visitor = state
+        .verifier
+        .visitor(header(req, AUTHORIZATION.as_str()))
+        .map_err(ApiError::Unauthorized)?;
+    check_sku(sku)?;
+    let entry = state
+        .catalog
+        .get(sku)
+        .await
+        .map_err(ApiError::from)?
+        .ok_or(ApiError::UnknownSku)?;
+    let Some(settings) = entry.queue.0.as_ref() else {
+        return Err(ApiError::NotQueued);
+    };
+    let ticket = order::ticket_id(&state.secret, sku, entry.tag, &visitor);
+    let key = order::shuffle_key(&order::seed_bytes(&settings.seed), &ticket);
+    let keys = state.store.keys(sku);
+    let mut con = state.store.hot();
+    let joined = state
+        .store
+        .bounded(calls::join(&mut con, &keys, &ticket, key, &visitor))
+        .await
+        .map_err(read_error)?;
+    match joined {
+        Joined::Ticket { created, report } => {
+            let status = if created {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
+            let view = ticket_view(state, &entry, &ticket, Some(&visitor), &report);
+            let mut resp = json(status, &view);
+            if let Ok(v) = HeaderValue::from_str(&format!("/v1/queue/{ticket}")) {
+                resp.headers_mut().insert(hyper::header::LOCATION, v);
+            }
+            Ok(resp)
+        }
+        Joined::Overloaded(_) => Err(ApiError::JoinRate),
+        Joined::Closed => Err(ApiError::Closed),
+        Joined::NotOpen(_) => Err(ApiError::NotOpen),
+    }
+}
+
+pub(super) async fn get_ticket(
+    state: &AppState,
+    id: &str,
+    req: &Request<Incoming>,
+) -> Result<Response<Body>> {
+    let auth = header(req, AUTHORIZATION.as_str());
+    let visitor = if state.verifier.is_admin(auth) {
+        None
+    } else {
+        Some(
+            state
+                .verifier
+                .visitor(auth)
+                .map_err(ApiError::Unauthorized)?,
+        )
+    };
+    let ticket = Uuid::parse_str(id).map_err(|_| ApiError::UnknownTicket)?;
+    let entry = sku_of_ticket(state, &ticket)
+        .await?
+        .filter(|e| e.queue.0.is_some())
+        .ok_or(ApiError::UnknownTicket)?;
+    // Another visitor's ticket is indistinguishable from a missing one.
+    if let Some(v) = &visitor {
+        if order::ticket_id(&state.secret, &entry.sku, entry.tag, v) != ticket {
+            return Err(ApiError::UnknownTicket);
+        }
+    }
+    let keys = state.store.keys(&entry.sku);
+    let mut con = state.store.hot();
+    let report = state
+        .store
+        .bounded(calls::read(
+            &mut con,
+            &keys,
+            &ticket,
+            visitor.as_deref().unwrap_or(""),
+        ))
+        .await
+        .map_err(read_error)?;
+    if report.state == "none" {
+        return Err(ApiError::UnknownTicket);
+    }
+    let view = ticket_view(state, &entry, &ticket, visitor.as_deref(), &report);
+    Ok(json(StatusCode::OK, &view))
+}
+
+/// The SKU a ticket's tag names. A SKU's tag never changes, so the tag's SKU id is kept once
+/// found: a million visitors polling cost the catalog's cache, not a PostgreSQL query each.
+async fn sku_of_ticket(state: &AppState, ticket: &Uuid) -> Result<Option<std::sync::Arc<Sku>>> {
+    let tag = crate::ids::tag_of(ticket);
+    let known = state.ticket_tags.get(&tag).map(|s| s.clone());
+    if let Some(sku) = known {
+        return state.catalog.get(&sku).await.map_err(ApiError::from);
+    }
+    let found = crate::lifecycle::sku_of(&state.catalog, ticket)
+        .await
+        .map_err(ApiError::from)?;
+    if let Some(e) = &found {
+        state.ticket_tags.insert(tag, e.sku.clone());
+    }
+    Ok(found)
+}
+
+/// A read (or a join, which a retry answers the same) that got no answer moved nothing a
+/// visitor could lose: plain 503 `unavailable`, never `outcome_unknown`.
+fn read_error(e: StoreError) -> ApiError {
+    ApiError::Unavailable(crate::lifecycle::read_error(e))
+}
+
+fn ticket_view<'a>(
+    state: &AppState,
+    entry: &'a Sku,
+    ticket: &Uuid,
+    visitor: Option<&str>,
+    r: &'a Report,
+) -> TicketView<'a> {
+    let ttl = entry
+        .queue
+        .0
+        .as_ref()
+        .map_or(0, |s| s.admission_ttl_seconds);
+    let waiting = r.state == "waiting";
+    let position = matches!(r.state.as_str(), "waiting" | "sold_out").then_some(r.position);
+    let eta = if waiting {
+        q::eta_seconds(r, r.position)
+    } else {
+        None
+    };
+    let (token, expires) = match (r.state.as_str(), visitor) {
+        ("admitted", Some(v)) => (
+            q::admission_token(&state.secret, &entry.sku, v, ticket, r.admitted_ms, ttl).ok(),
+            chrono::DateTime::from_timestamp_millis(r.admitted_ms + i64::from(ttl) * 1000)
+                .map(|t| q::rfc3339(&t)),
+        ),
+        _ => (None, None),
+    };
+    TicketView {
+        ticket_id: *ticket,
+        sku: &entry.sku,
+        state: &r.state,
+        position,
+        eta_seconds: eta,
+        poll_after_ms: q::poll_after_ms(&r.state, r.position, eta),
+        admission_token: token,
+        admission_expires_at: expires,
+        opens_at: entry.opens_at.map(|t| q::rfc3339(&t)),
+        waiting: r.waiting,
+    }
+}
+
+/// `GET /queue/{sku}`: the page a waiting buyer's browser shows. Everything it needs is in
+/// the page itself (no asset from another host); it reads the visitor token from the URL's
+/// fragment (never sent to a server) or the page's form, joins, then polls the ticket.
+pub(super) fn page(sku: &str) -> Result<Response<Body>> {
+    check_sku(sku)?;
+    let html = include_str!("../queue/page.html").replace("{{SKU}}", sku);
+    let mut resp = Response::new(full(Bytes::from(html)));
+    let h = resp.headers_mut();
+    h.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        "content-security-policy",
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:",
+        ),
+    );
+    Ok(resp)
+}

@@ -1,0 +1,236 @@
+//! Typed wrappers of the waiting room's scripts (registered in [`crate::scripts`]): callers
+//! never see KEYS/ARGV order.
+
+use redis::aio::ConnectionLike;
+use redis::Value;
+use uuid::Uuid;
+
+use crate::error::StoreError;
+use crate::keys::SkuKeys;
+use crate::scripts::SCRIPTS;
+
+/// One ticket as `lua/lib/queue.lua`'s `q_report` reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// `admitted`, `expired`, `prequeue`, `waiting`, `sold_out`, or `none` (no such ticket).
+    pub state: String,
+    /// From 1 while waiting (or sold out); 0 otherwise.
+    pub position: i64,
+    /// When the ticket was admitted (unix ms, Redis's clock); 0 if it was not.
+    pub admitted_ms: i64,
+    pub now_ms: i64,
+    pub opens_ms: i64,
+    /// The set rate, and the admissions of the last `window_ms` (the achieved rate).
+    pub rate: i64,
+    pub recent: i64,
+    pub window_ms: i64,
+    /// Tickets in line.
+    pub waiting: i64,
+}
+
+/// What a join answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Joined {
+    /// `created`: a new ticket (201); else the visitor's ticket already (200).
+    Ticket {
+        created: bool,
+        report: Report,
+    },
+    /// Past the visitor's join rate: retry after this many ms.
+    Overloaded(i64),
+    Closed,
+    /// Before the pre-queue opens (unix ms).
+    NotOpen(i64),
+}
+
+/// One round of admissions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Round {
+    /// `ok`, `follower`, `released`, `not_open`, `sold_out`, `wait`.
+    pub code: String,
+    pub admitted: i64,
+    pub fence: i64,
+    pub waiting: i64,
+    pub now_ms: i64,
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        Value::Int(i) => i.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+fn int(v: Option<&Value>) -> i64 {
+    match v {
+        Some(Value::Int(i)) => *i,
+        Some(Value::BulkString(b)) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok())
+            .map_or(0, |f| f as i64),
+        _ => 0,
+    }
+}
+
+fn report(items: &[Value]) -> Result<Report, StoreError> {
+    if items.len() < 9 {
+        return Err(StoreError::Protocol(format!("queue report: {items:?}")));
+    }
+    let i = |n: usize| int(items.get(n));
+    Ok(Report {
+        state: text(&items[0]),
+        position: i(1),
+        admitted_ms: i(2),
+        now_ms: i(3),
+        opens_ms: i(4),
+        rate: i(5),
+        recent: i(6),
+        window_ms: i(7),
+        waiting: i(8),
+    })
+}
+
+fn array(v: Value) -> Result<Vec<Value>, StoreError> {
+    match v {
+        Value::Array(items) if !items.is_empty() => Ok(items),
+        other => Err(StoreError::Protocol(format!("queue script: {other:?}"))),
+    }
+}
+
+fn queue_keys(inv: &mut redis::ScriptInvocation<'_>, keys: &SkuKeys) {
+    for k in keys.queue() {
+        inv.key(k);
+    }
+}
+
+/// Writes the queue's settings (see queue_config.lua). `false`: Redis holds no state for the
+/// SKU.
+///
+/// # Errors
+/// The Redis error of the call.
+pub async fn configure<C: ConnectionLike>(
+    con: &mut C,
+    keys: &SkuKeys,
+    admit_per_second: i32,
+    ttl_seconds: i32,
+    prequeue_ms: i64,
+) -> Result<bool, StoreError> {
+    let [q, _, _, state, ..] = keys.queue();
+    let r: i64 = SCRIPTS
+        .queue_config
+        .key(q)
+        .key(state)
+        .arg(admit_per_second)
+        .arg(i64::from(ttl_seconds) * 1000)
+        .arg(prequeue_ms)
+        .invoke_async(con)
+        .await?;
+    Ok(r == 1)
+}
+
+/// A visitor's join (see join_queue.lua).
+///
+/// # Errors
+/// [`StoreError::SkuLost`] when Redis lost the SKU or its queue (fail closed), or the Redis
+/// error of the call.
+pub async fn join<C: ConnectionLike>(
+    con: &mut C,
+    keys: &SkuKeys,
+    ticket: &Uuid,
+    shuffle_key: u64,
+    visitor: &str,
+) -> Result<Joined, StoreError> {
+    let mut inv = SCRIPTS.join_queue.prepare_invoke();
+    queue_keys(&mut inv, keys);
+    inv.key(keys.queue_joins(ticket))
+        .arg(ticket.as_bytes().as_slice())
+        .arg(shuffle_key)
+        .arg(super::JOINS_PER_WINDOW)
+        .arg(super::JOIN_WINDOW.as_millis() as u64)
+        .arg(visitor);
+    let items = array(inv.invoke_async(con).await?)?;
+    match text(&items[0]).as_str() {
+        "ok" => Ok(Joined::Ticket {
+            created: int(items.get(1)) == 1,
+            report: report(&items[2..])?,
+        }),
+        "overloaded" => Ok(Joined::Overloaded(int(items.get(1)))),
+        "closed" => Ok(Joined::Closed),
+        "not_open" => Ok(Joined::NotOpen(int(items.get(1)))),
+        "lost" => Err(StoreError::SkuLost),
+        other => Err(StoreError::Protocol(format!("join_queue: {other}"))),
+    }
+}
+
+/// A ticket's reading (see read_ticket.lua); `visitor` is "" for the admin.
+///
+/// # Errors
+/// As [`join`].
+pub async fn read<C: ConnectionLike>(
+    con: &mut C,
+    keys: &SkuKeys,
+    ticket: &Uuid,
+    visitor: &str,
+) -> Result<Report, StoreError> {
+    let mut inv = SCRIPTS.read_ticket.prepare_invoke();
+    queue_keys(&mut inv, keys);
+    inv.arg(ticket.as_bytes().as_slice()).arg(visitor);
+    let items = array(inv.invoke_async(con).await?)?;
+    match text(&items[0]).as_str() {
+        "ok" => report(&items[1..]),
+        "lost" => Err(StoreError::SkuLost),
+        other => Err(StoreError::Protocol(format!("read_ticket: {other}"))),
+    }
+}
+
+/// One round of admissions by `owner`, or the release of its lease (see admit_queue.lua).
+///
+/// # Errors
+/// As [`join`].
+pub async fn admit<C: ConnectionLike>(
+    con: &mut C,
+    keys: &SkuKeys,
+    owner: &str,
+    lease_ms: u64,
+    most: u32,
+    release: bool,
+) -> Result<Round, StoreError> {
+    let mut inv = SCRIPTS.admit_queue.prepare_invoke();
+    queue_keys(&mut inv, keys);
+    inv.arg(owner)
+        .arg(lease_ms)
+        .arg(most)
+        .arg(if release { "release" } else { "" });
+    let items = array(inv.invoke_async(con).await?)?;
+    let code = text(&items[0]);
+    if code == "lost" {
+        return Err(StoreError::SkuLost);
+    }
+    Ok(Round {
+        code,
+        admitted: int(items.get(1)),
+        fence: int(items.get(2)),
+        waiting: int(items.get(3)),
+        now_ms: int(items.get(4)),
+    })
+}
+
+/// Tickets in line and admitted, for the SKU view (two plain reads in one slot).
+///
+/// # Errors
+/// The Redis error of the call.
+pub async fn counts<C: ConnectionLike>(
+    con: &mut C,
+    keys: &SkuKeys,
+) -> Result<(i64, i64), StoreError> {
+    let [_, line, admitted, ..] = keys.queue();
+    Ok(redis::pipe()
+        .cmd("ZCARD")
+        .arg(line)
+        .cmd("ZCARD")
+        .arg(admitted)
+        .query_async(con)
+        .await?)
+}
