@@ -437,6 +437,7 @@ mod tests {
         "transfer_out.lua",
         "line_lease.lua",
         "offer_pool.lua",
+        "read_books.lua",
     ];
 
     #[test]
