@@ -62,6 +62,33 @@ const NOT_STATUSES: &[&str] = &[
     // XINFO CONSUMERS fields (reap_consumers.lua).
     "pending",
     "idle",
+    // The state's incarnation (lua/lib/fresh.lua, rotate.lua).
+    "inc",
+    // The waiting room (lua/lib/queue.lua and the queue scripts): its hash's fields, the
+    // admission lease's replies, and a ticket's states as a visitor reads them. A ticket's
+    // state is not a claim's or an entry's: it is not in this table yet (docs/waiting-room.md).
+    "admitted_total",
+    "credit",
+    "first_ms",
+    "last_ms",
+    "follower",
+    "lease_until",
+    "owner",
+    "rate",
+    "release",
+    "released",
+    "prequeue",
+    "prequeue_ms",
+    "ttl_ms",
+    "ok",
+    "none",
+    "wait",
+    "open",
+    "not_open",
+    "closed",
+    "overloaded",
+    "admitted",
+    "sold_out",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
