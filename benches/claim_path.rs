@@ -33,7 +33,7 @@ use tokio::task::JoinSet;
 use uuid::Uuid;
 
 use dropgate::auth::{mint, Verifier};
-use dropgate::claims::now_ms;
+use dropgate::clock::now_ms;
 use dropgate::config::Secret;
 use dropgate::ids;
 use dropgate::keys::SkuKeys;

@@ -28,7 +28,7 @@ use tokio::runtime::Runtime;
 use tokio::task::JoinSet;
 use uuid::Uuid;
 
-use dropgate::claims::now_ms;
+use dropgate::clock::now_ms;
 use dropgate::keys::SkuKeys;
 use dropgate::scripts::{self, ClaimInput, Decision};
 use dropgate::store::{RedisConn, Store};

@@ -36,7 +36,7 @@ static SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// `n` winners as the journal would hold them, each with a claim id never used before.
 fn winners(n: usize) -> Vec<Winner> {
-    let now = dropgate::claims::now_ms();
+    let now = dropgate::clock::now_ms();
     (0..n)
         .map(|i| {
             let seq = SEQ.fetch_add(1, Ordering::Relaxed);

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Every relative link in README.md and docs/*.md resolves to an existing file, and every
-#anchor to a heading of its target (GitHub's slugs)."""
+"""Every relative link in README.md and docs/*.md resolves to an existing file, every #anchor
+to a heading of its target (GitHub's slugs), and every repository path in a code span
+(`src/...`, `lua/...`, `tests/...`, ...) to a file or folder that exists: a file that moved
+leaves no stale path behind."""
 import os, re, sys, glob
 root = sys.argv[1] if len(sys.argv) > 1 else '.'
 files = [os.path.join(root, 'README.md')] + sorted(glob.glob(os.path.join(root, 'docs', '*.md')))
@@ -34,5 +36,18 @@ for f in files:
             print(f'{f}: {target}: no such file'); bad += 1; continue
         if frag and dest.endswith('.md') and frag not in anchors(dest):
             print(f'{f}: {target}: no heading #{frag}'); bad += 1
-print(f'{count} relative links in {len(files)} files, {bad} broken')
+code_span = re.compile(r'`([^`\n]+)`')
+repo_path = re.compile(r'^(src|lua|tests|migrations|benches|loadtest|deploy|docs)/[\w./*-]*$')
+paths = 0
+for f in files:
+    text = re.sub(r'```.*?```', '', open(f).read(), flags=re.S)
+    for m in code_span.finditer(text):
+        p = m.group(1)
+        if not repo_path.match(p):
+            continue
+        paths += 1
+        found = glob.glob(os.path.join(root, p)) if '*' in p else os.path.exists(os.path.join(root, p))
+        if not found:
+            print(f'{f}: `{p}`: no such file or folder'); bad += 1
+print(f'{count} relative links and {paths} repository paths in {len(files)} files, {bad} broken')
 sys.exit(1 if bad else 0)

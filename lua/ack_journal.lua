@@ -9,8 +9,12 @@
 -- ARGV[3 + 2k], ARGV[4 + 2k] for k < n: a stream entry id (each once) and the units it
 --          carries: those of all its winners (a claim.lua entry holds one call's winners),
 --          negative for a cancel or expiry, whose units came back to Redis before it was written
--- ARGV[3 + 2n ..]: ids of holds and waitlist entries whose final status PostgreSQL now holds:
---          their records are dropped (a later confirm, cancel or GET reads PostgreSQL)
+-- ARGV[3 + 2n] m, then ARGV[4 + 2n .. 3 + 2n + m]: claims whose final status `issuances` now
+--          holds: their hold records are dropped (a later confirm, cancel or GET reads
+--          PostgreSQL); the rest of ARGV: waitlist entries that ended, whose records are dropped.
+--          An offer's claim id is its entry's id, but its hold record goes only with the claim:
+--          a parked offer's entry may end long before its claim is written or compensated, and
+--          the compensation reads the hold record to know its unit already came back.
 --
 -- Returns the number of entries acknowledged by this call.
 --
@@ -31,9 +35,9 @@ end
 if units ~= 0 and redis.call('EXISTS', state) == 1 then
   redis.call('HINCRBY', state, 'inflight', -units)
 end
-for i = 3 + 2 * n, #ARGV do
-  redis.call('HDEL', KEYS[3], ARGV[i])
-  redis.call('HDEL', KEYS[4], ARGV[i])
+local m = tonumber(ARGV[3 + 2 * n] or '0')
+for i = 4 + 2 * n, #ARGV do
+  redis.call('HDEL', (i <= 3 + 2 * n + m) and KEYS[3] or KEYS[4], ARGV[i])
 end
 -- Everything below the floor is delivered and acknowledged: the oldest pending entry, or,
 -- with none pending, the entry after the last one delivered to the group.

@@ -6,8 +6,10 @@
 -- ARGV[2]    the lease, ms
 -- ARGV[3]    most tickets to admit in this round
 -- ARGV[4]    "release": give the lease up (at shutdown) and admit nothing; "" otherwise
+-- ARGV[5]    floor: the ledger's mark and incarnation of the SKU's state (see lib/fresh.lua)
 --
--- Returns {code, admitted, fence, waiting, now_ms}; code: 'lost' (fail closed), 'follower'
+-- Returns {code, admitted, fence, waiting, now_ms}; code: 'lost' or 'stale' (fail closed: a
+-- state older than the floor is closed here and nobody is admitted), 'follower'
 -- (another gateway holds the lease), 'released', 'not_open' (before opens_at), 'sold_out',
 -- 'wait' (units may come back), 'ok' (this round admitted `admitted` tickets).
 --
@@ -18,8 +20,9 @@
 -- Admissions follow `rate` per second of Redis's clock, at most a second's worth at once.
 local me, lease, most = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = q_now()
-if q_lost() then
-  return {'lost', 0, 0, 0, now}
+local unfit = q_unfit(ARGV[5])
+if unfit then
+  return {unfit, 0, 0, 0, now}
 end
 local h = redis.call('HMGET', KEYS[1], 'owner', 'lease_until', 'fence', 'last_ms', 'credit')
 local owner, until_ms, fence = h[1], tonumber(h[2] or '0'), tonumber(h[3] or '0')

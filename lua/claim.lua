@@ -7,10 +7,11 @@
 --                <prefix>:{<sku>}:claims:<bucket>, field = call id
 -- KEYS[5]        holds (hash claim id -> hold record)              <prefix>:{<sku>}:holds
 -- KEYS[6]        hold expiries (sorted set claim id -> expires_ms)   <prefix>:{<sku>}:expiry
--- KEYS[7..]      the idempotency records, one for each claim that has a key, in claim order
+-- KEYS[7]        the idempotency records (hash field -> record)    <prefix>:{<sku>}:idem
 --
 -- ARGV[1]        now, unix milliseconds
--- ARGV[2]        idempotency record TTL in seconds (at least 24 h)
+-- ARGV[2]        the idempotency records' fields of the claims that have a key, in claim order,
+--                16 bytes each (src/keys.rs `idempotency_field`: a digest of user and key)
 -- ARGV[3]        call records TTL in seconds (they only settle uncertain outcomes)
 -- ARGV[4]        floor: "seq:inc", the highest state sequence and incarnation the gateway knows
 --                PostgreSQL has recorded (lib/fresh.lua, prepended; "seq" alone: incarnation 0)
@@ -49,12 +50,15 @@
 --   sequence (q plus its place among the winners): every change of the state bumps `seq`, and
 --   the writer commits its high-water mark to PostgreSQL, so a state that comes back behind
 --   that mark is known to be stale);
--- - one call record, the field <call id> of KEYS[4]: "<stock before>|" and the winners'
---   pieces, read back by resolve_claim.lua and by GET /v1/claims/{id} before the writer has
---   the claim. A claim of the call that is not in it did not win and moved nothing.
--- Per keyed winner, its idempotency record "claim_id|quantity|created_ms|remaining|seq|
--- len(user)|user idem" (src/record.rs; a held winner's is prefixed "h|expires_ms|"); per held
--- winner, its hold record and expiry.
+-- - one call record, the field <call id> of KEYS[4]: "<stock before>|" (on a SKU that holds
+--   its claims "<stock before>:<expires_ms>|", so a read-back answers a win as the hold it
+--   is) and the winners' pieces, read back by resolve_claim.lua and by GET /v1/claims/{id}
+--   before the writer has the claim. A claim of the call that is not in it did not win and
+--   moved nothing.
+-- Per keyed winner, its idempotency record "claim_id|quantity|remaining" (src/record.rs
+-- `IdemRecord`; a held winner's is prefixed "h|expires_ms|"), a field of KEYS[7] with no expiry
+-- of its own: only winners are recorded, so the hash grows by at most one field per unit sold;
+-- per held winner, its hold record and expiry.
 --
 -- The sale window (opens_ms, closes_ms) and the holds' expiry are decided on Redis's clock
 -- (TIME), one clock for every gateway.
@@ -83,10 +87,10 @@ if close_if_behind(head[3], head[9], ARGV[4]) then
   return {'stale'}
 end
 local seq = tonumber(head[3] or '0')
-local now, ttl, records_ttl, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[6])
+local now, fields, records_ttl, n = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[6])
 local stock, limit = tonumber(head[1]), tonumber(head[2])
-local holds, expiry = KEYS[5], KEYS[6]
-local next_idem = 7
+local holds, expiry, idems = KEYS[5], KEYS[6], KEYS[7]
+local next_field = 1
 local hold_ms = tonumber(head[5] or '0')
 local window, window_at, expires = 0, 0, 0
 if hold_ms > 0 or head[6] or head[7] then
@@ -120,16 +124,20 @@ if expires > 0 then
   entry[#entry + 1] = expires
 end
 -- %d: a stock of 10^14 or more would otherwise be written as 1e+14.
-local pieces, hold_recs, hold_exp = {string.format('%d', stock) .. '|'}, {}, {}
+local head_piece = string.format('%d', stock)
+if expires > 0 then
+  head_piece = head_piece .. ':' .. string.format('%d', expires)
+end
+local pieces, hold_recs, hold_exp = {head_piece .. '|'}, {}, {}
 local id_head, id_byte, id_tail
 for i = 0, n - 1 do
   local user = ARGV[7 + 4 * i]
   local qty, idem = tonumber(ARGV[8 + 4 * i]), ARGV[9 + 4 * i]
   local idem_key, prior = nil, false
   if idem ~= '' then
-    idem_key = KEYS[next_idem]
-    next_idem = next_idem + 1
-    prior = redis.call('GET', idem_key)
+    idem_key = string.sub(fields, next_field, next_field + 15)
+    next_field = next_field + 16
+    prior = redis.call('HGET', idems, idem_key)
   end
   if prior then
     local pqty = string.match(prior, '^h|%d+|[^|]*|([^|]*)|') or string.match(prior, '^[^|]*|([^|]*)|')
@@ -163,12 +171,13 @@ for i = 0, n - 1 do
         end
         local id = id_head .. string.format('%02x', id_byte + i) .. id_tail
         if idem_key then
-          local record = id .. '|' .. qty .. '|' .. now .. '|' .. string.format('%d', stock)
-            .. '|' .. seq .. '|' .. #user .. '|' .. user .. idem
+          local record = id .. '|' .. qty .. '|' .. string.format('%d', stock)
           if expires > 0 then
             record = 'h|' .. expires .. '|' .. record
           end
-          redis.call('SET', idem_key, record, 'EX', ttl)
+          -- At once, not with the counts at the end: a later claim of this call under the
+          -- same key must find it and replay.
+          redis.call('HSET', idems, idem_key, record)
         end
         if expires > 0 then
           hold_recs[#hold_recs + 1] = id

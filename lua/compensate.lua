@@ -1,8 +1,9 @@
 -- compensate.lua: fence a parked claim for one reprocessor, or give its units back.
 --
 -- KEYS[1..8] the lifecycle keys of the SKU (see lib/lifecycle.lua)
--- KEYS[9]  the claim's marker <prefix>:{<sku>}:comp:<claim_id>
--- KEYS[10] the claim's idempotency record (the marker key again when the claim had none)
+-- KEYS[9]  the claim's marker <prefix>:{<sku>}:comp:<claim_id>: the fencing reprocessor's
+--          token, then "compensated" (units given back here) or "ended" (a hold that had ended)
+-- KEYS[10] the SKU's idempotency records (hash)                   <prefix>:{<sku>}:idem
 -- ARGV[1]  mode: "fence" (before an attempt) or "give" (after the last attempt failed)
 -- ARGV[2]  the reprocessor's owner token
 -- ARGV[3]  user id
@@ -10,6 +11,8 @@
 -- ARGV[5]  claim id
 -- ARGV[6]  marker TTL in seconds
 -- ARGV[7]  floor ("give" only): the ledger's mark and incarnation (see lib/fresh.lua)
+-- ARGV[8]  the claim's idempotency record's field in KEYS[10] (src/keys.rs
+--          `idempotency_field`), "" or absent when the claim had no key
 --
 -- Returns
 --   fence: 1 when the marker now names this owner, 0 when the claim is already compensated.
@@ -24,17 +27,19 @@
 --          not have reached the parked row yet).
 --
 -- Publishes KEYS[1] on <prefix>:units-back when it raises the stock (give_back in
--- lib/lifecycle.lua; src/soldout.rs).
+-- lib/lifecycle.lua; src/soldout/).
 --
 -- Keeps I1 and I4 (docs/invariants.md).
 -- Invariant: a claim's units come back at most once, and only by the reprocessor that fenced
 -- it last, so a stale lease holder can neither give back twice nor give back a claim that a
 -- newer owner is writing. A hold's units come back once whichever ends it: its expiry, a
 -- cancel, or this compensation.
-local state, users, marker, idem = KEYS[1], KEYS[2], KEYS[9], KEYS[10]
+local state, users, marker, idems = KEYS[1], KEYS[2], KEYS[9], KEYS[10]
 local mode, token = ARGV[1], ARGV[2]
 local current = redis.call('GET', marker)
-if current == 'compensated' then
+-- "compensated": this compensation gave the units back; "ended": the claim was a hold that had
+-- ended already, its units back then (the SKU view tells the two apart: src/books.rs).
+if current == 'compensated' or current == 'ended' then
   return 0
 end
 if mode == 'fence' then
@@ -67,12 +72,18 @@ else
   seq = give_back(units, now, bump(seq))
 end
 redis.call('HSET', state, 'seq', seq)
-if idem ~= marker then
+local field = ARGV[8] or ''
+if field ~= '' then
   -- A retry under the same key must be decided afresh, not replay a claim that was undone.
-  local record = redis.call('GET', idem)
-  if record and string.sub(record, 1, #id) == id then
-    redis.call('DEL', idem)
+  -- A held winner's record starts "h|expires_ms|" (claim.lua).
+  local record = redis.call('HGET', idems, field)
+  if record then
+    local body = string.match(record, '^h|%d+|(.*)$') or record
+    if string.sub(body, 1, #id) == id then
+      redis.call('HDEL', idems, field)
+    end
   end
 end
-redis.call('SET', marker, 'compensated', 'EX', tonumber(ARGV[6]))
+redis.call('SET', marker, (code == 3 or code == 5) and 'ended' or 'compensated', 'EX',
+  tonumber(ARGV[6]))
 return code

@@ -10,13 +10,13 @@
 --          catalog that was reset, a shared prefix) is never adopted
 -- ARGV[5]  hold_ms, ARGV[6] offer_ms, ARGV[7] opens_ms, ARGV[8] closes_ms ("" for none)
 -- ARGV[9]  the state sequence a seed starts from (optional, 0): shard i of a sharded SKU
---          starts at i << 36, so the sequences of its shards never meet (src/shards/mod.rs)
+--          starts at i << 36, so the sequences of its shards never meet (src/layout.rs)
 --
 -- Returns 1 when the stock was seeded now; 0 when the state was already there (only the limit,
 -- the hold and offer times and the window changed); -1 in "update" mode when the state is missing (Redis lost it; see restore); -2 in
 -- "seed" mode when a state stamped with another declare id is present (nothing changes).
 --
--- Publishes KEYS[1] on <prefix>:units-back when it raises the stock (src/soldout.rs).
+-- Publishes KEYS[1] on <prefix>:units-back when it raises the stock (src/soldout/).
 --
 -- Keeps I1 and I4 (docs/invariants.md).
 -- Invariant: stock is written only when the state hash does not exist, so a re-declare or a
@@ -47,6 +47,6 @@ redis.call('HSET', state, 'stock', ARGV[2], 'inflight', 0, 'seq', ARGV[9] or 0, 
 terms()
 -- The group starts at 0 so entries appended before any writer connects are still delivered.
 pcall(redis.call, 'XGROUP', 'CREATE', journal, 'writers', '0', 'MKSTREAM')
--- Units may be back: every gateway's sold-out cache forgets this SKU (src/soldout.rs).
+-- Units may be back: every gateway's sold-out cache forgets this SKU (src/soldout/).
 redis.call('PUBLISH', (string.gsub(KEYS[1], '{[^{]*$', 'units-back')), KEYS[1])
 return 1

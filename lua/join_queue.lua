@@ -8,9 +8,11 @@
 -- ARGV[3]    joins a visitor may make per window
 -- ARGV[4]    the window, ms
 -- ARGV[5]    the visitor (the user whose per-user count tells a used admission)
+-- ARGV[6]    floor: the ledger's mark and incarnation of the SKU's state (see lib/fresh.lua)
 --
--- Returns {'lost'} (fail closed), {'overloaded', retry_ms}, {'closed'}, {'not_open',
--- prequeue_ms}, or {'ok', created (1 new, 0 the visitor's ticket already), <q_report>}.
+-- Returns {'lost'} or {'stale'} (fail closed; the state older than the floor is closed here),
+-- {'overloaded', retry_ms}, {'closed'}, {'not_open', prequeue_ms}, or {'ok', created (1 new,
+-- 0 the visitor's ticket already), <q_report>}.
 --
 -- Invariant: one ticket per visitor and SKU (the ticket is in the line or in the admitted set
 -- at most once: ZADD only when it is in neither); a ticket joined before opens_at is ordered by
@@ -18,8 +20,9 @@
 -- visitor, never an address.
 local ticket, user = ARGV[1], ARGV[5]
 local now = q_now()
-if q_lost() then
-  return {'lost'}
+local unfit = q_unfit(ARGV[6])
+if unfit then
+  return {unfit}
 end
 local n = redis.call('INCR', KEYS[8])
 if n == 1 then

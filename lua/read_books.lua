@@ -1,11 +1,13 @@
 -- read_books.lua: the Redis side of one SKU (or one shard of it) for the SKU view, in one
 -- atomic read: its state, the journal entries not yet acknowledged (with their fields), its
--- transfers out, and the markers of the restock operations PostgreSQL still has pending.
+-- transfers out, and the markers of the restock operations PostgreSQL still has pending and of
+-- the compensations of parked claims a reprocessor is working on.
 --
 -- KEYS[1]     the state hash <prefix>:{<sku>}:state
 -- KEYS[2]     the journal <prefix>:{<sku>}:journal
 -- KEYS[3]     the transfers out <prefix>:{<sku>}:xfer:out
--- KEYS[4..]   restock markers <prefix>:{<sku>}:restock:<op_id> (restock.lua), any number
+-- KEYS[4..]   restock markers <prefix>:{<sku>}:restock:<op_id> (restock.lua), then
+--             compensation markers <prefix>:{<sku>}:comp:<claim_id> (compensate.lua), any number
 -- ARGV[1]     consumer group ("writers")
 -- ARGV[2]     the most journal entries returned
 --

@@ -9,7 +9,7 @@
 -- {-3, 0} when it is marked stale or older than the floor.
 --
 -- Publishes KEYS[1] on <prefix>:units-back when it raises the stock (give_back in
--- lib/lifecycle.lua; src/soldout.rs).
+-- lib/lifecycle.lua; src/soldout/).
 --
 -- Invariant: the pool leaves only after the lease: a buyer that began a join set the lease
 -- first, so units it may be waiting for never reach open stock; released units go to this

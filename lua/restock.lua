@@ -2,6 +2,8 @@
 --
 -- KEYS[1..8] the lifecycle keys of the SKU (see lib/lifecycle.lua)
 -- KEYS[9]  the operation's marker <prefix>:{<sku>}:restock:<op_id>
+-- KEYS[10] the SKU's operator fence <prefix>:{<sku>}:op_fence: raised to ARGV[4] when the
+--          state is missing (see below)
 -- ARGV[1]  mode: "apply", or "resolve" (after an apply whose answer never came)
 -- ARGV[2]  delta (integer)
 -- ARGV[3]  marker TTL in seconds
@@ -12,7 +14,9 @@
 -- Returns {code, remaining, seq}:
 --   apply:   {1, remaining, seq} applied now; {2, remaining, seq} applied earlier (same op);
 --            {0, remaining, seq} refused, the stock would go below 0 (nothing changes);
---            {-1, 0, 0} the SKU state is missing (Redis lost the SKU);
+--            {-1, 0, 0} the SKU state is missing (Redis lost the SKU, or a restore closed it):
+--                       the operator fence is raised to this epoch, so a restore that read
+--                       the total before this restock cannot rebuild the state from it;
 --            {-3, 0, 0} the state is marked stale, or is behind the floor and is marked stale
 --                       now (fail closed until restore);
 --            {-4, 0, 0} a newer operator action touched the state: this caller lost its lock
@@ -25,7 +29,7 @@
 -- a Redis that comes back without this restock is known to be stale).
 --
 -- Publishes KEYS[1] on <prefix>:units-back when it raises the stock (give_back in
--- lib/lifecycle.lua; src/soldout.rs).
+-- lib/lifecycle.lua; src/soldout/).
 --
 -- Keeps I1, I4 and I5 (docs/invariants.md).
 -- Invariant: remaining stock never goes below 0, and one operation moves it at most once: a
@@ -52,6 +56,14 @@ if ARGV[1] == 'resolve' then
   return {3, 0, 0}
 end
 if not cur[1] then
+  -- The caller counts the delta as applied (it is in the ledger's total, which the next
+  -- restore reads). A restore under an older epoch read the total without it: if its last
+  -- call is still on its way (its answer or its lock lost), it must find the fence and rebuild
+  -- nothing, or the stock would be short of this delta for good.
+  local fence = tonumber(redis.call('GET', KEYS[10]) or '0')
+  if epoch > fence then
+    redis.call('SET', KEYS[10], epoch)
+  end
   return {-1, 0, 0}
 end
 if tonumber(cur[4] or '0') > epoch then

@@ -10,7 +10,7 @@
 --
 -- Invariant: a SKU leaves the set only if no mark landed between the caller's read of its
 -- score and this call. Every script call that can journal for a SKU or give it holds is
--- preceded by a mark at most a second older (src/activity.rs), so whatever it writes after the
+-- preceded by a mark at most a second older (src/activity/), so whatever it writes after the
 -- caller found the SKU empty is covered by a mark that makes this call keep the SKU (or, when
 -- the mark lands after this call, adds the SKU back). Only this key is touched: the SKU's own
 -- keys live in another slot, which is why the emptiness check cannot be part of this step.

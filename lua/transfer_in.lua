@@ -22,7 +22,7 @@
 -- added), -1 when the recipient's state is missing, -3 when it is marked stale or older
 -- than the floor (nothing else changes in either case; the transfer stays pending until a restore ends it).
 --
--- Publishes KEYS[1] on <prefix>:units-back when it raises the stock (give_back; src/soldout.rs).
+-- Publishes KEYS[1] on <prefix>:units-back when it raises the stock (give_back; src/soldout/).
 --
 -- Keeps I1 and I4 (docs/invariants.md).
 -- Invariant: a transfer's units are given back at most once, and only to the generation of

@@ -5,7 +5,6 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -15,6 +14,8 @@ use crate::catalog::Catalog;
 use crate::claims::ClaimService;
 use crate::config::Config;
 use crate::freshness::Refresher;
+use crate::http::AppState;
+use crate::journal::WriterSignal;
 use crate::lifecycle::expiry::Expirer;
 use crate::live::Live;
 use crate::observe::{FailClosed, Observer};
@@ -23,34 +24,7 @@ use crate::reprocess::Reprocessor;
 use crate::shards::recovery::Recovery;
 use crate::soldout::{SoldOut, Watcher};
 use crate::store::Store;
-use crate::writer::{Writer, WriterSignal};
-
-/// Everything a request handler needs, shared by all connections.
-pub struct AppState {
-    pub store: Store,
-    pub catalog: Catalog,
-    pub verifier: Verifier,
-    pub claims: ClaimService,
-    pub metrics: PrometheusHandle,
-    /// SKUs seen failing closed, so the claim path and the observer log each transition once.
-    pub closed: Arc<FailClosed>,
-    /// The outbox backlog and the relay's NATS state, shown by /readyz (never a reason for 503).
-    pub outbox: Arc<OutboxStatus>,
-    /// Per-SKU claim counts and the open live streams, for `/admin/live`.
-    pub live: Live,
-    /// Set on shutdown, so /readyz turns 503 before the listener closes.
-    draining: AtomicBool,
-    /// The admission secret: the waiting room derives tickets and signs admissions with it.
-    pub secret: crate::config::Secret,
-    /// Queued SKUs by tag, as tickets name them (a SKU's tag never changes).
-    pub ticket_tags: dashmap::DashMap<i32, String>,
-}
-
-impl AppState {
-    pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::Relaxed)
-    }
-}
+use crate::writer::Writer;
 
 /// A gateway that is bound and connected, not yet serving.
 pub struct Application {
@@ -59,6 +33,8 @@ pub struct Application {
     writer: Writer,
     reprocessor: Reprocessor,
     refresher: Refresher,
+    /// Finishes restocks whose answer was lost, or whose gateway died.
+    restocks: crate::inventory::RestockSweeper,
     /// Expires due holds (and lapsed offers) of this gateway's share of the SKUs.
     expirer: Expirer,
     observer: Observer,
@@ -113,9 +89,8 @@ impl Application {
             ),
             _ => {}
         }
-        let listener = TcpListener::bind(config.listen)
-            .await
-            .map_err(|e| Failure::listen(config.listen, &e))?;
+        let listener =
+            crate::http::bind(config.listen).map_err(|e| Failure::listen(config.listen, &e))?;
         if config.admin_token.is_none() {
             tracing::warn!(
                 "DROPGATE_ADMIN_TOKEN is not set: the admin routes (declare, restock, restore, \
@@ -168,6 +143,10 @@ impl Application {
             db: db.clone(),
             marks,
         };
+        let restocks = crate::inventory::RestockSweeper {
+            store: store.clone(),
+            db: db.clone(),
+        };
         let expirer = Expirer {
             store: store.clone(),
             owner: uuid::Uuid::new_v4(),
@@ -211,6 +190,7 @@ impl Application {
             writer,
             reprocessor,
             refresher,
+            restocks,
             expirer,
             observer,
             upkeep,
@@ -245,6 +225,7 @@ impl Application {
         let writer = tokio::spawn(self.writer.run(background.clone()));
         let reprocessor = tokio::spawn(self.reprocessor.run(background.clone()));
         let refresher = tokio::spawn(self.refresher.run(background.clone()));
+        let restocks = tokio::spawn(self.restocks.run(background.clone()));
         let expirer = tokio::spawn(self.expirer.run(background.clone()));
         let settler = tokio::spawn(self.state.claims.settler().run(background.clone()));
         let observer = tokio::spawn(self.observer.run(background.clone()));
@@ -281,6 +262,7 @@ impl Application {
             let _ = writer.await;
             let _ = reprocessor.await;
             let _ = refresher.await;
+            let _ = restocks.await;
             let _ = expirer.await;
             let _ = settler.await;
             let _ = observer.await;

@@ -14,132 +14,97 @@
 //!
 //! docs/ledger-view.md says what each number counts and why a fenced reading balances.
 
-use redis::Value;
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::error::{DbError, StoreError};
-use crate::ledger::LedgerSums;
-use crate::scripts::SCRIPTS;
+use crate::journal::{entry_batch, Batch};
+use crate::keys::ShardName;
+use crate::layout::Layout;
+use crate::scripts::{self, books::Side};
 use crate::shards::transfer::Pending;
 use crate::shards::view::{ShardState, ShardView};
-use crate::shards::Layout;
 use crate::store::Store;
-use crate::writer::{entry_batch, Batch};
 
 mod ledger_side;
+pub use ledger_side::LedgerSums;
 use ledger_side::{backlog, ledger_side, Backlog};
 
 /// Unacknowledged journal entries read per shard (the writer's own batch size): beyond it
 /// the entries left out keep their units in `inflight` and count as unwritten.
 const ENTRIES: usize = 256;
 
-/// The Redis side of one SKU (one shard), as `read_books.lua` returns it.
-#[derive(Debug, Clone)]
-struct Side {
-    head: Head,
-    /// (entry id, the entry as XRANGE returns it), oldest first.
-    entries: Vec<(String, Value)>,
-    more: bool,
-    transfers: Vec<(String, String)>,
-    markers: Vec<Option<String>>,
+/// Nothing the view counts moved between two readings: every change of stock, pool or
+/// transfers bumps or moves the head, a new entry or an acknowledgement changes the set
+/// of unacknowledged entries (an id once acknowledged never comes back), and a restock's
+/// marker is set with its stock and sequence.
+fn unmoved(this: &Side, other: &Side) -> bool {
+    this.head == other.head
+        && this.more == other.more
+        && this.transfers == other.transfers
+        && this.entries.len() == other.entries.len()
+        && this
+            .entries
+            .iter()
+            .zip(&other.entries)
+            .all(|(a, b)| a.0 == b.0)
 }
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Head {
-    stock: Option<i64>,
-    inflight: Option<i64>,
-    seq: Option<i64>,
-    stale: Option<String>,
-    pool: Option<i64>,
-    transfer_out: Option<i64>,
-}
-
-impl Side {
-    /// Nothing the view counts moved between two readings: every change of stock, pool or
-    /// transfers bumps or moves the head, a new entry or an acknowledgement changes the set
-    /// of unacknowledged entries (an id once acknowledged never comes back), and a restock's
-    /// marker is set with its stock and sequence.
-    fn same_as(&self, other: &Side) -> bool {
-        self.head == other.head
-            && self.more == other.more
-            && self.transfers == other.transfers
-            && self.entries.len() == other.entries.len()
-            && self
-                .entries
-                .iter()
-                .zip(&other.entries)
-                .all(|(a, b)| a.0 == b.0)
-    }
-}
-
-type HeadReply = (
-    Option<i64>,
-    Option<i64>,
-    Option<i64>,
-    Option<String>,
-    Option<i64>,
-    Option<i64>,
-);
 
 /// Runs `read_books.lua` on `name` (a SKU or a shard's Redis name), with the markers of
-/// `restocks` (operations PostgreSQL has pending).
-async fn read_side(store: &Store, name: &str, restocks: &[Uuid]) -> Result<Side, StoreError> {
+/// `restocks` (operations PostgreSQL has pending) and of the compensations of `claims`.
+async fn read_side(
+    store: &Store,
+    name: &str,
+    restocks: &[Uuid],
+    claims: &[Uuid],
+) -> Result<Side, StoreError> {
     let keys = store.keys(name);
-    let mut inv = SCRIPTS.read_books.prepare_invoke();
-    inv.key(keys.state())
-        .key(keys.journal())
-        .key(keys.transfers());
-    for op in restocks {
-        inv.key(keys.restock_op(op));
-    }
-    inv.arg(crate::writer::GROUP).arg(ENTRIES);
     let mut con = store.hot();
-    type Reply = (
-        HeadReply,
-        Vec<Value>,
-        i64,
-        Vec<(String, String)>,
-        Vec<Option<String>>,
-    );
-    let (h, entries, more, transfers, markers): Reply = store
-        .bounded(async { Ok(inv.invoke_async(&mut con).await?) })
-        .await?;
-    let entries = entries
-        .into_iter()
-        .filter_map(|e| match &e {
-            Value::Array(parts) if parts.len() == 2 => {
-                let id = redis::from_redis_value::<String>(parts[0].clone()).ok()?;
-                Some((id, e))
-            }
-            _ => None,
-        })
-        .collect();
-    Ok(Side {
-        head: Head {
-            stock: h.0,
-            inflight: h.1,
-            seq: h.2,
-            stale: h.3,
-            pool: h.4,
-            transfer_out: h.5,
-        },
-        entries,
-        more: more == 1,
-        transfers,
-        markers,
-    })
+    store
+        .bounded(scripts::books::read_books(
+            &mut con, &keys, restocks, claims, ENTRIES,
+        ))
+        .await
 }
 
-/// Every shard's side (shard 0 first), all in flight together; `None` when Redis cannot
-/// answer for one of them.
-async fn read_sides(store: &Store, names: &[String], restocks: &[Uuid]) -> Option<Vec<Side>> {
+/// Every shard's side (shard 0 first), all in flight together, with the compensation markers
+/// of `claims[i]` on shard i; `None` when Redis cannot answer for one of them.
+async fn read_sides(
+    store: &Store,
+    names: &[String],
+    restocks: &[Uuid],
+    claims: &[Vec<Uuid>],
+) -> Option<Vec<Side>> {
     let reads = names.iter().enumerate().map(|(i, name)| {
-        // Restocks move shard 0 only (src/inventory.rs).
+        // Restocks move shard 0 only (src/inventory/restock.rs).
         let ops = if i == 0 { restocks } else { &[] };
-        read_side(store, name, ops)
+        read_side(
+            store,
+            name,
+            ops,
+            claims.get(i).map_or(&[][..], Vec::as_slice),
+        )
     });
     futures_util::future::try_join_all(reads).await.ok()
+}
+
+/// Units of the reprocessed claims whose compensation Redis has given back (their marker says
+/// so) while their rows still count them in `pending`: they count once, in the stock. A
+/// compensation gives back and bumps the state's sequence in one script, so a fenced reading
+/// sees it either in both the stock and the marker or in neither.
+fn given_back(reprocessing: &[(Uuid, String, i64)], shards: &[Vec<Uuid>], sides: &[Side]) -> i64 {
+    let given: std::collections::HashSet<Uuid> = shards
+        .iter()
+        .zip(sides)
+        .flat_map(|(ids, s)| ids.iter().zip(&s.compensations))
+        .filter(|(_, m)| m.as_deref() == Some("compensated"))
+        .map(|(id, _)| *id)
+        .collect();
+    reprocessing
+        .iter()
+        .filter(|(id, _, _)| given.contains(id))
+        .map(|(_, _, q)| *q)
+        .sum()
 }
 
 /// The books of one SKU at one reading.
@@ -173,12 +138,13 @@ pub async fn read(
     layout: Layout,
 ) -> Result<Reading, DbError> {
     let names = layout.names(sku);
-    let first = read_sides(store, &names, &[]).await;
+    let shards: Vec<ShardName> = names.iter().map(|n| ShardName::parse(n)).collect();
+    let first = read_sides(store, &names, &[], &[]).await;
     let parsed = |sides: &Option<Vec<Side>>| -> Vec<Vec<Batch>> {
         sides.as_ref().map_or_else(Vec::new, |sides| {
             sides
                 .iter()
-                .zip(&names)
+                .zip(&shards)
                 .map(|(s, name)| {
                     s.entries
                         .iter()
@@ -213,11 +179,16 @@ pub async fn read(
         }
         _ => None,
     };
-    let ledger = ledger_side(db, sku, &claims, &waits).await?;
+    let mut ledger = ledger_side(db, sku, &claims, &waits).await?;
     let ops: Vec<Uuid> = ledger.restocks.iter().map(|(op, _)| *op).collect();
-    let second = read_sides(store, &names, &ops).await;
+    // Each reprocessed claim's marker lives on its buyer's shard.
+    let mut compensating = vec![Vec::new(); names.len()];
+    for (claim, user, _) in &ledger.reprocessing {
+        compensating[usize::from(layout.shard_of_user(user))].push(*claim);
+    }
+    let second = read_sides(store, &names, &ops, &compensating).await;
     let fenced = match (&first, &second) {
-        (Some(a), Some(b)) => a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.same_as(y)),
+        (Some(a), Some(b)) => a.len() == b.len() && a.iter().zip(b).all(|(x, y)| unmoved(x, y)),
         _ => false,
     };
     // Unfenced, the second reading's entries are looked up in a snapshot taken for the
@@ -227,6 +198,7 @@ pub async fn read(
     let Some(sides) = second else {
         return Ok(unknown(total, ledger.sums));
     };
+    ledger.sums.pending -= given_back(&ledger.reprocessing, &compensating, &sides);
     let backlogs: Vec<Backlog> = sides
         .iter()
         .zip(
@@ -344,6 +316,7 @@ fn shard_states(sides: &[Side], backlogs: &[Backlog]) -> Option<Vec<ShardState>>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scripts::books::Head;
 
     fn side(markers: Vec<Option<&str>>) -> Vec<Side> {
         vec![Side {
@@ -359,6 +332,7 @@ mod tests {
             more: false,
             transfers: Vec::new(),
             markers: markers.into_iter().map(|m| m.map(String::from)).collect(),
+            compensations: Vec::new(),
         }]
     }
 

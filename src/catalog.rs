@@ -17,6 +17,7 @@ use sqlx::PgPool;
 use tokio::sync::Semaphore;
 
 use crate::error::DbError;
+use crate::scripts::operator::{Terms, DEFAULT_OFFER_SECS};
 
 /// A negative answer is trusted this long, so a repeated unknown id costs one query per
 /// second, while a SKU declared on another gateway becomes visible quickly.
@@ -72,11 +73,29 @@ pub struct Sku {
     /// placement salts: every shard's Redis name comes from here (see [`crate::shards`]).
     #[serde(skip)]
     #[sqlx(flatten)]
-    pub layout: crate::shards::Layout,
+    pub layout: crate::layout::Layout,
     /// The SKU's waiting room, when it has one ([`crate::queue`]).
     #[serde(skip)]
     #[sqlx(flatten)]
     pub queue: crate::queue::QueueRow,
+}
+
+impl Sku {
+    /// What Redis needs of this row's terms. An offer is held `offer_seconds`, else `hold_seconds`, else
+    /// [`DEFAULT_OFFER_SECS`]: an offer always leaves time to take it.
+    pub fn terms(&self) -> Terms {
+        let offer_secs = [i64::from(self.offer_seconds), i64::from(self.hold_seconds)]
+            .into_iter()
+            .find(|s| *s > 0)
+            .unwrap_or(DEFAULT_OFFER_SECS);
+        Terms {
+            per_user_limit: self.per_user_limit,
+            hold_ms: i64::from(self.hold_seconds) * 1000,
+            offer_ms: offer_secs * 1000,
+            opens_ms: self.opens_at.map(|t| t.timestamp_millis()),
+            closes_ms: self.closes_at.map(|t| t.timestamp_millis()),
+        }
+    }
 }
 
 enum Entry {

@@ -91,6 +91,12 @@ pub const RECORD_TTL_SECS: u64 = 26 * 3600;
 pub const CLAIM_RECORD_TTL_SECS: u64 = 3600;
 /// Request bodies larger than this are refused with 413.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
+/// The listening socket's queue of connections not yet accepted (the kernel caps it at
+/// `net.core.somaxconn`, 4096 by default). tokio's `TcpListener::bind` asks for 128, as std
+/// does: when a drop opens, a burst of new connections overflows that queue within
+/// milliseconds, and each dropped SYN costs its buyer a retransmission one second later
+/// (loadtest/conns.py: 9,000 connections took 13.8 s to open instead of 0.7 s).
+pub const LISTEN_BACKLOG: u32 = 4096;
 /// A client that has not sent its headers within this time is disconnected (slowloris). hyper
 /// restarts this timer when a kept-alive connection goes idle: it is the idle timeout too.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);

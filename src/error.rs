@@ -1,5 +1,7 @@
 //! Infrastructure errors, one enum per boundary. Business outcomes (sold out, limit reached,
-//! replay) are not here: they are values of [`crate::scripts::Decision`].
+//! replay) are not here: they are values of [`crate::scripts::Decision`]. An operator's request
+//! (declare, restock, restore, the SKU view) may also be refused for a business reason: a
+//! [`Refusal`], carried by [`InventoryError`] with the infrastructure errors of that boundary.
 
 /// A failure talking to Redis, or Redis answering that it no longer holds a SKU.
 #[derive(Debug, thiserror::Error)]
@@ -149,6 +151,35 @@ impl DbError {
         e.as_database_error()
             .and_then(|d| d.code())
             .map(|c| c.into_owned())
+    }
+}
+
+/// An operator request refused for a business reason (409/404), not a fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    UnknownSku,
+    /// Declared again with another total.
+    SkuExists,
+    /// The delta would take the remaining stock below 0.
+    InsufficientStock,
+    /// Restore asked while Redis still holds the SKU's state, or a new catalog row whose id
+    /// Redis already holds a state for (never adopt stock nobody declared here).
+    StatePresent,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryError {
+    #[error("refused: {0:?}")]
+    Refused(Refusal),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+impl From<sqlx::Error> for InventoryError {
+    fn from(e: sqlx::Error) -> Self {
+        InventoryError::Db(DbError::from(e))
     }
 }
 

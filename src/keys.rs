@@ -13,13 +13,31 @@
 /// The Redis name of shard `shard` of `sku` with placement salt `salt`: the SKU itself for
 /// shard 0, `<sku>#<shard>` for salt 0 (the name every shard had before salts, so existing
 /// SKUs keep their keys), `<sku>#<shard>.<salt>` otherwise. Only a catalog row's
-/// [`crate::shards::Layout`] knows a shard's salt: build names through it.
+/// [`crate::layout::Layout`] knows a shard's salt: build names through it.
 pub fn shard_name(sku: &str, shard: u16, salt: u16) -> String {
     match (shard, salt) {
         (0, _) => sku.to_string(),
         (_, 0) => format!("{sku}#{shard}"),
         _ => format!("{sku}#{shard}.{salt}"),
     }
+}
+
+/// The field of one user's Idempotency-Key in [`SkuKeys::idempotency`]: the first 16 bytes of
+/// SHA-256 over the length-prefixed user id and the key, so `("a:b", "c")` and `("a", "b:c")`
+/// never share a field, a key of up to 255 characters costs 16 bytes, and a collision between
+/// two buyers' keys needs 2^64 tries, not a guess.
+pub fn idempotency_field(user: &str, key: &str) -> [u8; 16] {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(user.len().to_string());
+    h.update(b":");
+    h.update(user);
+    h.update(b":");
+    h.update(key);
+    let d = h.finalize();
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&d[..16]);
+    out
 }
 
 /// The catalog SKU and the shard of a Redis name (the inverse of [`shard_name`], whatever the
@@ -39,6 +57,61 @@ pub fn split_shard(name: &str) -> (&str, u16) {
         Err(_) => (name, 0),
     }
 }
+
+/// A Redis SKU's name, parsed once into what it names: the catalog SKU and the shard (see
+/// [`shard_name`], [`split_shard`]). Work that reads a shard's keys and writes its catalog
+/// SKU's rows (the writer, its freshness check) carries one of these, not a name to split again.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ShardName {
+    name: String,
+    /// The catalog SKU is `name[..sku_len]`.
+    sku_len: usize,
+    shard: u16,
+}
+
+impl ShardName {
+    pub fn parse(name: &str) -> ShardName {
+        let (sku, shard) = split_shard(name);
+        ShardName {
+            name: name.to_string(),
+            sku_len: sku.len(),
+            shard,
+        }
+    }
+
+    /// The Redis name itself (whose keys hold the shard's state and journal).
+    pub fn as_str(&self) -> &str {
+        &self.name
+    }
+
+    /// The catalog SKU (the rows' `sku` column).
+    pub fn sku(&self) -> &str {
+        &self.name[..self.sku_len]
+    }
+
+    /// The shard's number (0: the SKU itself).
+    pub fn shard(&self) -> u16 {
+        self.shard
+    }
+}
+
+impl std::ops::Deref for ShardName {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.name
+    }
+}
+
+impl std::fmt::Display for ShardName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+/// The consumer group of every SKU's journal (its writers): each entry is owned by one writer
+/// at a time, and an entry leaves the journal once acknowledged in this group.
+pub const JOURNAL_GROUP: &str = "writers";
 
 /// Width of a call-records bucket.
 const CLAIM_BUCKET_MS: u64 = 10 * 60 * 1000;
@@ -84,6 +157,13 @@ impl SkuKeys {
         format!("{}state", self.head)
     }
 
+    /// The newest operator epoch that moved the SKU while its state was absent (a restock on a
+    /// lost state: lua/restock.lua): a restore under an older epoch, which read an older total,
+    /// must not rebuild the state (lua/restore_sku.lua).
+    pub fn op_fence(&self) -> String {
+        format!("{}op_fence", self.head)
+    }
+
     /// The SKU of a state key `<prefix>:{<sku>}:state`, given `head` = `<prefix>:{`.
     pub fn sku_of_state<'a>(head: &str, key: &'a str) -> Option<&'a str> {
         key.strip_prefix(head)?.strip_suffix("}:state")
@@ -119,10 +199,14 @@ impl SkuKeys {
         format!("{}claims:{}", self.head, bucket)
     }
 
-    /// The idempotency record of one key of one user. The user id is length-prefixed so that
-    /// `("a:b", "c")` and `("a", "b:c")` never share a key.
-    pub fn idempotency(&self, user: &str, key: &str) -> String {
-        format!("{}idem:{}:{}:{}", self.head, user.len(), user, key)
+    /// The SKU's idempotency records: one hash, field [`idempotency_field`] of (user, key) ->
+    /// the record (`claim.lua`). Only winners are recorded, so the hash holds at most one
+    /// field per unit sold; it lives as long as the SKU's per-user counts (API.md: "kept at
+    /// least 24 hours"), which is why no field needs an expiry of its own. A key with its own
+    /// expiry cost 339 bytes of Redis per keyed winner, a field of this hash 136
+    /// (docs/performance.md, "Redis bytes per claimant").
+    pub fn idempotency(&self) -> String {
+        format!("{}idem", self.head)
     }
 
     /// Marker of one restock operation, so that it moves the stock at most once.
@@ -183,7 +267,7 @@ impl SkuKeys {
     }
 
     /// A recipient shard's record that the transfer `id` was applied here (so it adds its
-    /// units once), kept for [`crate::shards::TRANSFER_RECORD_TTL_SECS`].
+    /// units once), kept for [`crate::scripts::shards::TRANSFER_RECORD_TTL_SECS`].
     pub fn transfer_in(&self, id: &uuid::Uuid) -> String {
         format!("{}xfer:in:{}", self.head, id.simple())
     }
@@ -236,7 +320,7 @@ mod tests {
             k.users_restore(&id),
             k.journal(),
             k.claim(&id),
-            k.idempotency("u:1", "k{x}"),
+            k.idempotency(),
             k.compensation(&id),
             k.restock_op(&id),
             k.expiry_lease(),
@@ -299,6 +383,20 @@ mod tests {
     }
 
     #[test]
+    fn a_shard_name_is_parsed_once_into_its_sku_and_shard() {
+        for (name, sku, shard) in [
+            ("drop-1", "drop-1", 0),
+            ("drop-1#3", "drop-1", 3),
+            ("a.b#2.17", "a.b", 2),
+            ("a#x", "a#x", 0),
+        ] {
+            let n = ShardName::parse(name);
+            assert_eq!((n.as_str(), n.sku(), n.shard()), (name, sku, shard));
+            assert_eq!(split_shard(name), (sku, shard));
+        }
+    }
+
+    #[test]
     fn claims_minted_together_share_a_records_bucket() {
         let k = SkuKeys::new("dg", "s");
         let (a, b) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
@@ -307,8 +405,8 @@ mod tests {
     }
 
     #[test]
-    fn idempotency_keys_do_not_collide_across_user_boundaries() {
-        let k = SkuKeys::new("dg", "s");
-        assert_ne!(k.idempotency("a:b", "c"), k.idempotency("a", "b:c"));
+    fn idempotency_fields_do_not_collide_across_user_boundaries() {
+        assert_ne!(idempotency_field("a:b", "c"), idempotency_field("a", "b:c"));
+        assert_ne!(idempotency_field("a", "bc"), idempotency_field("ab", "c"));
     }
 }

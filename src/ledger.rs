@@ -1,53 +1,11 @@
-//! Reading the ledger: the accounting of a SKU (the SKU view), one claim by id, and the
-//! accounting of every SKU (reconcile).
+//! Reading the ledger: the accounting of a SKU (the SKU view, from one reading of both stores:
+//! [`crate::books`]), and the accounting of every SKU (reconcile).
 
 use serde::Serialize;
-use sqlx::PgPool;
-use uuid::Uuid;
 
 use crate::catalog::{self, Catalog};
-use crate::error::DbError;
-use crate::inventory::{InventoryError, Refusal};
-use crate::lifecycle::status::ClaimStatus;
+use crate::error::{InventoryError, Refusal};
 use crate::store::Store;
-
-/// A claim as `GET /v1/claims/{id}` shows it.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
-pub struct ClaimRow {
-    pub claim_id: Uuid,
-    pub sku: String,
-    pub user: String,
-    pub quantity: i32,
-    pub status: ClaimStatus,
-    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
-    pub created_at: chrono::DateTime<chrono::Utc>,
-}
-
-/// Finds a claim in `issuances`, else among the claims PostgreSQL refused (still `issued` to
-/// the buyer until compensated), else in the quarantine (it won; an operator settles it). A winner not yet written is not found (the writer's lag is
-/// milliseconds).
-///
-/// # Errors
-/// The database error.
-pub async fn find_claim(db: &PgPool, id: Uuid) -> Result<Option<ClaimRow>, DbError> {
-    Ok(sqlx::query_as(
-        "SELECT claim_id, sku, user_id AS user, quantity, status, expires_at, created_at
-           FROM issuances WHERE claim_id = $1
-         UNION ALL
-         SELECT claim_id, sku, user_id, quantity,
-                CASE WHEN status = 'compensated' THEN 'compensated' ELSE claim_status END,
-                expires_at, created_at
-           FROM persistence_pending WHERE claim_id = $1 AND status <> 'resolved'
-         UNION ALL
-         SELECT claim_id, sku, COALESCE(user_id, ''), COALESCE(quantity, 0), 'issued',
-                NULL::timestamptz, created_at
-           FROM quarantine WHERE claim_id = $1 AND resolved_at IS NULL
-         LIMIT 1",
-    )
-    .bind(id)
-    .fetch_optional(db)
-    .await?)
-}
 
 /// The view of every SKU (or of one), for `dropgate reconcile`.
 ///
@@ -167,60 +125,6 @@ pub struct SkuView {
     /// A SKU with a waiting room only ([`crate::queue`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub queue: Option<crate::queue::QueueView>,
-}
-
-/// Ledger sums of one SKU, in units. Each claim counts in one sum at most:
-/// - `recorded`: `issuances` rows of live claims (`issued`, `held`, `confirmed`); a
-///   `compensated` row there only keeps a late writer from inserting the claim again.
-/// - `pending`: `persistence_pending` rows not yet resolved.
-/// - `compensated`: `persistence_pending` rows compensated (every compensation goes through
-///   that table, so the `issuances` row of the same claim is not counted again).
-/// - `quarantined`: open `quarantine` rows whose claim is in neither table above (an operator
-///   who records it by hand is not counted twice, even before setting `resolved_at`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, sqlx::FromRow)]
-pub struct LedgerSums {
-    pub recorded: i64,
-    pub pending: i64,
-    pub compensated: i64,
-    pub quarantined: i64,
-    pub held: i64,
-    pub confirmed: i64,
-    pub waiting: i64,
-    pub offered: i64,
-}
-
-/// Units by state in the ledger.
-///
-/// # Errors
-/// The database error.
-pub async fn ledger_sums<'e>(
-    db: impl sqlx::PgExecutor<'e>,
-    sku: &str,
-) -> Result<LedgerSums, DbError> {
-    Ok(sqlx::query_as(
-        "SELECT
-           (SELECT COALESCE(SUM(quantity), 0)::bigint FROM issuances
-             WHERE sku = $1 AND status IN ('issued', 'held', 'confirmed')) AS recorded,
-           (SELECT COALESCE(SUM(quantity), 0)::bigint FROM persistence_pending
-             WHERE sku = $1 AND status IN ('pending', 'reprocessing')
-               AND claim_status NOT IN ('cancelled', 'expired')) AS pending,
-           (SELECT COALESCE(SUM(quantity), 0)::bigint FROM persistence_pending
-             WHERE sku = $1 AND status = 'compensated') AS compensated,
-           (SELECT COALESCE(SUM(q.quantity), 0)::bigint FROM quarantine q
-             WHERE q.sku = $1 AND q.resolved_at IS NULL
-               AND NOT EXISTS (SELECT 1 FROM issuances i WHERE i.claim_id = q.claim_id)
-               AND NOT EXISTS (SELECT 1 FROM persistence_pending p
-                                WHERE p.claim_id = q.claim_id)) AS quarantined,
-           (SELECT COALESCE(SUM(quantity), 0)::bigint FROM issuances
-             WHERE sku = $1 AND status = 'held') AS held,
-           (SELECT COALESCE(SUM(quantity), 0)::bigint FROM issuances
-             WHERE sku = $1 AND status = 'confirmed') AS confirmed,
-           (SELECT count(*) FROM waitlist WHERE sku = $1 AND status = 'waiting') AS waiting,
-           (SELECT count(*) FROM waitlist WHERE sku = $1 AND status = 'offered') AS offered",
-    )
-    .bind(sku)
-    .fetch_one(db)
-    .await?)
 }
 
 /// The SKU view: one reading of Redis and PostgreSQL at one instant ([`crate::books`]).

@@ -16,9 +16,6 @@ use std::time::Duration;
 use metrics::{counter, gauge, histogram, Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::claims::Outcome;
-use crate::ledger::SkuView;
-
 mod register;
 
 /// Latency buckets in seconds: the hot path lives between 100 µs and a few ms.
@@ -82,6 +79,14 @@ pub const OUTBOX_DUPLICATES: &str = "dropgate_outbox_duplicates_total";
 pub const OUTBOX_LAG: &str = "dropgate_outbox_lag_seconds";
 pub const OUTBOX_PUBLISH_FAILURES: &str = "dropgate_outbox_publish_failures_total";
 pub const SKU_UNWRITTEN: &str = "dropgate_sku_unwritten_entries";
+// The lifecycle's (src/lifecycle/): holds, their expiry, waitlist offers.
+pub const HOLDS: &str = "dropgate_holds_total";
+pub const EXPIRY_LAG: &str = "dropgate_hold_expiry_lag_seconds";
+pub const OFFERS: &str = "dropgate_waitlist_offers_total";
+// The waiting room's admission worker (src/queue/admit.rs).
+pub const QUEUE_WAITING: &str = "dropgate_queue_waiting";
+pub const QUEUE_ADMITTED: &str = "dropgate_queue_admitted_total";
+pub const QUEUE_LAG: &str = "dropgate_queue_admission_lag_seconds";
 
 /// Every `outcome` label of [`CLAIMS`]: the decisions, then the failures a claim is answered.
 pub const CLAIM_OUTCOMES: &[&str] = &[
@@ -117,10 +122,7 @@ pub fn handle() -> PrometheusHandle {
                     b.set_buckets_for_metric(Matcher::Full(JOURNAL_LAG.into()), LAG_BUCKETS)
                 })
                 .and_then(|b| {
-                    b.set_buckets_for_metric(
-                        Matcher::Full(crate::lifecycle::expiry::EXPIRY_LAG.into()),
-                        EXPIRY_LAG_BUCKETS,
-                    )
+                    b.set_buckets_for_metric(Matcher::Full(EXPIRY_LAG.into()), EXPIRY_LAG_BUCKETS)
                 })
                 .and_then(|b| {
                     b.set_buckets_for_metric(Matcher::Full(OUTBOX_LAG.into()), LAG_BUCKETS)
@@ -161,9 +163,10 @@ fn per_claim() -> &'static PerClaim {
     })
 }
 
-pub fn claim_decided(outcome: &Outcome, took: Duration) {
+/// Counts a claim's decision by its `outcome` label ([`crate::claims::Outcome::label`]) and
+/// records how long it took.
+pub fn claim_decided(label: &'static str, took: Duration) {
     let h = per_claim();
-    let label = outcome_label(outcome);
     match h.outcomes.iter().find(|(o, _)| *o == label) {
         Some((_, c)) => c.increment(1),
         None => counter!(CLAIMS, "outcome" => label).increment(1),
@@ -171,17 +174,15 @@ pub fn claim_decided(outcome: &Outcome, took: Duration) {
     h.latency.record(took.as_secs_f64());
 }
 
-/// The `outcome` label of a decision (also the `outcome` field of its log line).
-pub fn outcome_label(outcome: &Outcome) -> &'static str {
-    match outcome {
-        Outcome::Won(_) => "won",
-        Outcome::Replayed(_) => "replayed",
-        Outcome::SoldOut => "sold_out",
-        Outcome::LimitReached => "limit_reached",
-        Outcome::KeyReused => "key_reused",
-        Outcome::Shed => "overloaded",
-        Outcome::NotOpen => "not_open",
-        Outcome::Closed => "closed",
+/// Counts a hold decision (`created`, `confirmed`, `cancelled`, `expired`).
+pub fn hold_decided(outcome: &'static str) {
+    counter!(HOLDS, "outcome" => outcome).increment(1);
+}
+
+/// Counts offers as the writer records them.
+pub fn offers(result: &'static str, n: usize) {
+    if n > 0 {
+        counter!(OFFERS, "result" => result).increment(n as u64);
     }
 }
 
@@ -277,29 +278,6 @@ pub fn backends_up(redis: Option<bool>, postgres: Option<bool>) {
     if let Some(up) = postgres {
         gauge!(POSTGRES_UP).set(f64::from(u8::from(up)));
     }
-}
-
-/// Publishes a SKU view. A value Redis could not give (`None`) is published as NaN, never
-/// left at its last value: a stale number on a dashboard reads as the truth.
-pub fn sku_view(v: &SkuView) {
-    let sku = v.sku.clone();
-    let known = |x: Option<i64>| x.map_or(f64::NAN, |n| n as f64);
-    gauge!(SKU_TOTAL, "sku" => sku.clone()).set(v.total as f64);
-    gauge!(SKU_REMAINING, "sku" => sku.clone()).set(known(v.remaining));
-    gauge!(SKU_RECORDED, "sku" => sku.clone()).set(v.recorded as f64);
-    gauge!(SKU_IN_FLIGHT, "sku" => sku.clone()).set(known(v.in_flight));
-    gauge!(SKU_PENDING, "sku" => sku.clone()).set(v.pending as f64);
-    gauge!(SKU_COMPENSATED, "sku" => sku.clone()).set(v.compensated as f64);
-    gauge!(SKU_QUARANTINED, "sku" => sku.clone()).set(v.quarantined as f64);
-    gauge!(SKU_HELD, "sku" => sku.clone()).set(v.held as f64);
-    gauge!(SKU_CONFIRMED, "sku" => sku.clone()).set(v.confirmed as f64);
-    gauge!(SKU_OFFERED, "sku" => sku.clone()).set(v.offered as f64);
-    gauge!(SKU_UNWRITTEN, "sku" => sku.clone()).set(known(v.unwritten_entries));
-    let consistent = match (v.remaining, v.in_flight) {
-        (Some(_), Some(_)) => f64::from(u8::from(v.consistent)),
-        _ => f64::NAN,
-    };
-    gauge!(SKU_CONSISTENT, "sku" => sku).set(consistent);
 }
 
 /// Ghost holds (past their expires_at, not yet expired) and the waitlist's length, as Redis

@@ -21,13 +21,14 @@ use std::time::Duration;
 
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
+use metrics::gauge;
 use tokio_util::sync::CancellationToken;
 
 use crate::catalog::Catalog;
 use crate::error::StoreError;
-use crate::ledger;
+use crate::layout::Layout;
+use crate::ledger::{self, SkuView};
 use crate::metrics as m;
-use crate::shards::Layout;
 use crate::store::Store;
 
 /// SKU views read per round at most (see the module docs for what one costs).
@@ -209,7 +210,7 @@ impl Observer {
                         .cmd("ZCOUNT")
                         .arg(keys.expiry())
                         .arg("-inf")
-                        .arg(crate::claims::now_ms())
+                        .arg(crate::clock::now_ms())
                         // The shard's line (a sharded SKU has one per shard, src/shards/line.rs).
                         .cmd("ZCARD")
                         .arg(keys.waitlist())
@@ -234,7 +235,7 @@ impl Observer {
         m::sku_lifecycle(sku, ghosts.zip(line));
         m::sku_overdue_holds(sku, overdue_holds(self.catalog.db(), sku).await);
         match ledger::view(&self.store, &self.catalog, sku).await {
-            Ok(v) => m::sku_view(&v),
+            Ok(v) => publish_view(&v),
             Err(e) => tracing::debug!(sku, error = %e, "observer could not read the SKU view"),
         }
     }
@@ -284,6 +285,29 @@ fn fail_closed(heads: &[Result<StateHead, StoreError>]) -> Option<Option<Closed>
         None if answered => Some(None),
         None => None,
     }
+}
+
+/// Publishes a SKU view. A value Redis could not give (`None`) is published as NaN, never
+/// left at its last value: a stale number on a dashboard reads as the truth.
+fn publish_view(v: &SkuView) {
+    let sku = v.sku.clone();
+    let known = |x: Option<i64>| x.map_or(f64::NAN, |n| n as f64);
+    gauge!(m::SKU_TOTAL, "sku" => sku.clone()).set(v.total as f64);
+    gauge!(m::SKU_REMAINING, "sku" => sku.clone()).set(known(v.remaining));
+    gauge!(m::SKU_RECORDED, "sku" => sku.clone()).set(v.recorded as f64);
+    gauge!(m::SKU_IN_FLIGHT, "sku" => sku.clone()).set(known(v.in_flight));
+    gauge!(m::SKU_PENDING, "sku" => sku.clone()).set(v.pending as f64);
+    gauge!(m::SKU_COMPENSATED, "sku" => sku.clone()).set(v.compensated as f64);
+    gauge!(m::SKU_QUARANTINED, "sku" => sku.clone()).set(v.quarantined as f64);
+    gauge!(m::SKU_HELD, "sku" => sku.clone()).set(v.held as f64);
+    gauge!(m::SKU_CONFIRMED, "sku" => sku.clone()).set(v.confirmed as f64);
+    gauge!(m::SKU_OFFERED, "sku" => sku.clone()).set(v.offered as f64);
+    gauge!(m::SKU_UNWRITTEN, "sku" => sku.clone()).set(known(v.unwritten_entries));
+    let consistent = match (v.remaining, v.in_flight) {
+        (Some(_), Some(_)) => f64::from(u8::from(v.consistent)),
+        _ => f64::NAN,
+    };
+    gauge!(m::SKU_CONSISTENT, "sku" => sku).set(consistent);
 }
 
 #[cfg(test)]

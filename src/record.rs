@@ -2,10 +2,15 @@
 //! the idempotency record `claim.lua` writes for a keyed winner (a replay answers from it), and
 //! the field `c` of a journal entry of one winner (a waitlist offer, or an entry of an earlier
 //! `claim.lua`; a call's entry shares what its winners have in common instead, see
-//! `writer/call_entry.rs`).
+//! `journal/call_entry.rs`).
 //!
 //! The user id is length-prefixed and the Idempotency-Key is the rest, so either may hold `|`.
 //! A held winner's record is prefixed `h|expires_ms|`.
+//!
+//! And [`IdemRecord`], the idempotency record `claim.lua` keeps for a keyed winner, which holds
+//! only what a replay answers with (`claim_id|quantity|remaining`, a held winner's prefixed
+//! `h|expires_ms|`): the user and the key are its field's name already
+//! ([`crate::keys::idempotency_field`]), and the sequence is the journal's business.
 
 use uuid::Uuid;
 
@@ -26,13 +31,7 @@ pub struct ClaimRecord {
 
 impl ClaimRecord {
     pub fn parse(raw: &str) -> Option<ClaimRecord> {
-        let (expires_ms, raw) = match raw.strip_prefix("h|") {
-            Some(rest) => {
-                let (exp, rest) = rest.split_once('|')?;
-                (Some(exp.parse().ok()?), rest)
-            }
-            None => (None, raw),
-        };
+        let (expires_ms, raw) = split_held(raw)?;
         let mut it = raw.splitn(7, '|');
         let claim_id = Uuid::parse_str(it.next()?).ok()?;
         let quantity: u32 = it.next()?.parse().ok()?;
@@ -57,9 +56,7 @@ impl ClaimRecord {
 
     /// Renders the record claim.lua would have written (restore rebuilds idempotency records).
     pub fn render(&self) -> String {
-        let held = self
-            .expires_ms
-            .map_or(String::new(), |ms| format!("h|{ms}|"));
+        let held = held_prefix(self.expires_ms);
         format!(
             "{held}{}|{}|{}|{}|{}|{}|{}{}",
             self.claim_id,
@@ -70,6 +67,57 @@ impl ClaimRecord {
             self.user.len(),
             self.user,
             self.idempotency_key.as_deref().unwrap_or("")
+        )
+    }
+}
+
+/// A held winner's record starts `h|expires_ms|`: the expiry, and the rest of the record.
+fn split_held(raw: &str) -> Option<(Option<i64>, &str)> {
+    match raw.strip_prefix("h|") {
+        Some(rest) => {
+            let (exp, rest) = rest.split_once('|')?;
+            Some((Some(exp.parse().ok()?), rest))
+        }
+        None => Some((None, raw)),
+    }
+}
+
+fn held_prefix(expires_ms: Option<i64>) -> String {
+    expires_ms.map_or(String::new(), |ms| format!("h|{ms}|"))
+}
+
+/// A keyed winner's idempotency record: what a replay of its request answers with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdemRecord {
+    pub claim_id: Uuid,
+    pub quantity: u32,
+    /// Stock left right after this claim won.
+    pub remaining: i64,
+    /// When the hold expires (Redis's clock, unix ms); `None` for a claim final at once.
+    pub expires_ms: Option<i64>,
+}
+
+impl IdemRecord {
+    pub fn parse(raw: &str) -> Option<IdemRecord> {
+        let (expires_ms, raw) = split_held(raw)?;
+        let mut it = raw.split('|');
+        let claim_id = Uuid::parse_str(it.next()?).ok()?;
+        let quantity: u32 = it.next()?.parse().ok()?;
+        let remaining = it.next()?.parse().ok()?;
+        (quantity > 0 && it.next().is_none()).then_some(IdemRecord {
+            claim_id,
+            quantity,
+            remaining,
+            expires_ms,
+        })
+    }
+
+    /// Renders the record claim.lua would have written (restore rebuilds idempotency records).
+    pub fn render(&self) -> String {
+        let held = held_prefix(self.expires_ms);
+        format!(
+            "{held}{}|{}|{}",
+            self.claim_id, self.quantity, self.remaining
         )
     }
 }
@@ -102,6 +150,26 @@ mod tests {
             ..rec
         };
         assert_eq!(ClaimRecord::parse(&bare.render()), Some(bare));
+    }
+
+    #[test]
+    fn idempotency_records_round_trip_held_or_not() {
+        let rec = IdemRecord {
+            claim_id: Uuid::now_v7(),
+            quantity: 2,
+            remaining: 40,
+            expires_ms: None,
+        };
+        assert_eq!(IdemRecord::parse(&rec.render()), Some(rec.clone()));
+        let held = IdemRecord {
+            expires_ms: Some(1_700_000_060_000),
+            ..rec
+        };
+        assert!(held.render().starts_with("h|1700000060000|"));
+        assert_eq!(IdemRecord::parse(&held.render()), Some(held));
+        assert!(IdemRecord::parse("void").is_none());
+        assert!(IdemRecord::parse(&format!("{}|0|1", Uuid::nil())).is_none());
+        assert!(IdemRecord::parse(&format!("{}|1|1|0", Uuid::nil())).is_none());
     }
 
     #[test]

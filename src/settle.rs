@@ -16,11 +16,11 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::journal::WriterSignal;
 use crate::keys::bucket_of;
 use crate::metrics as m;
 use crate::scripts;
 use crate::store::Store;
-use crate::writer::WriterSignal;
 
 /// Pace of the read-backs while an outcome is unknown.
 const RETRY: Duration = Duration::from_millis(200);
@@ -33,8 +33,11 @@ const REMEMBER: Duration = Duration::from_secs(600);
 pub enum Settled {
     /// Still unknown: it may win.
     Pending,
-    /// It won; the stock left right after it.
-    Won { remaining: i64 },
+    /// It won; the stock left right after it, and its hold's expiry on a SKU with holds.
+    Won {
+        remaining: i64,
+        expires_ms: Option<i64>,
+    },
     /// It did not win, and now never will.
     Fenced,
 }
@@ -140,7 +143,7 @@ impl Settler {
             let mut con = self.store.hot();
             let Ok(answers) = self
                 .store
-                .bounded(scripts::resolve_claims(&mut con, &keys, &ids))
+                .bounded(scripts::read_back(&mut con, &keys, &ids))
                 .await
             else {
                 continue;
@@ -154,7 +157,10 @@ impl Settler {
             }
             for (id, answer) in ids.iter().zip(answers) {
                 let state = match answer {
-                    Some(remaining) => Settled::Won { remaining },
+                    Some(w) => Settled::Won {
+                        remaining: w.remaining,
+                        expires_ms: w.expires_ms,
+                    },
                     None => Settled::Fenced,
                 };
                 m::outcome_settled(matches!(state, Settled::Won { .. }));

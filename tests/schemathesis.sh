@@ -114,15 +114,19 @@ fingerprint() { # every key of the prefix with its contents, every row of every 
     # which a writer's read registers whatever the requests did.
     # The active-SKU set (<prefix>:active) is left out too: it is an index of which SKUs have
     # background work, scored by when a gateway last used each, and its upkeep retires idle
-    # SKUs on its own clock (src/activity.rs); no request's outcome is in it. So are the
+    # SKUs on its own clock (src/activity/); no request's outcome is in it. So are the
     # expiry workers' leases (<prefix>:{sku}:expiry:lease, 1.5 s): which gateway serves a SKU's
-    # expiries next, taken and lapsing on their own clock (src/lifecycle/expiry.rs).
+    # expiries next, taken and lapsing on their own clock (src/lifecycle/expiry.rs). And in a
+    # waiting room's state (<prefix>:{sku}:q) the admission lease's clock fields (lease_until,
+    # last_ms, credit): the admission worker renews them every round whether or not anyone
+    # waits (lua/admit_queue.lua); its owner and fence stay, and would show a lease changing hands.
     $REDIS --scan --pattern "$PREFIX:*" | grep -vx "$PREFIX:active" | grep -v ':expiry:lease$' |
       sort | while read -r key; do
       t="$($REDIS type "$key")"
       echo "key $key $t"
       case "$t" in
-        hash) $REDIS hgetall "$key" | paste - - | sort ;;
+        hash) $REDIS hgetall "$key" | paste - - | sort |
+                if [[ $key == *'}:q' ]]; then { grep -Ev '^(lease_until|last_ms|credit)'$'\t' || true; }; else cat; fi ;;
         string) $REDIS get "$key" ;;
         stream) $REDIS xrange "$key" - + ;;
         set) $REDIS smembers "$key" | sort ;;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A long soak of the model-based tests: each round draws a fresh seed and runs the script-level
-# model (MODEL_STEPS, default 5,000,000) and the gateway under the nemesis (GATEWAY_MODEL_STEPS,
+# model (MODEL_STEPS, default 1,000,000) and the gateway under the nemesis (GATEWAY_MODEL_STEPS,
 # default 50,000), whose long PostgreSQL outage (a LOCK TABLE held, or the server unreachable)
 # lasts GATEWAY_MODEL_PG_OUTAGE_MS (default 60,000 here; CI's default run uses 4,000).
 # GATEWAY_MODEL_SKIP (comma-separated operation and fault names, docs/testing.md) leaves parts
@@ -13,7 +13,7 @@ hours="${1:-4}"
 deadline=$(( $(date +%s) + hours * 3600 ))
 logs="${SOAK_LOGS:-/var/tmp/dropgate-soak}"
 mkdir -p "$logs"
-export MODEL_STEPS="${MODEL_STEPS:-5000000}" GATEWAY_MODEL_STEPS="${GATEWAY_MODEL_STEPS:-50000}"
+export MODEL_STEPS="${MODEL_STEPS:-1000000}" GATEWAY_MODEL_STEPS="${GATEWAY_MODEL_STEPS:-50000}"
 export GATEWAY_MODEL_PG_OUTAGE_MS="${GATEWAY_MODEL_PG_OUTAGE_MS:-60000}"
 export GATEWAY_MODEL_SKIP="${GATEWAY_MODEL_SKIP:-}"
 cargo test --test api --no-run -q

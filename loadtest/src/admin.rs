@@ -47,8 +47,8 @@ impl SkuView {
     }
 }
 
-/// The body of `PUT /admin/skus/{sku}`; the lifecycle fields only when set.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+/// The body of `PUT /admin/skus/{sku}`; the lifecycle and waiting-room fields only when set.
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Declare {
     pub total: i64,
     pub per_user_limit: i64,
@@ -56,6 +56,12 @@ pub struct Declare {
     pub hold_seconds: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub offer_seconds: Option<u32>,
+    /// RFC 3339.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub opens_at: Option<String>,
+    /// `{"admit_per_second", "admission_ttl_seconds"}` (API.md, "Waiting room").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<serde_json::Value>,
 }
 
 /// A client of the admin routes of one gateway.
@@ -244,6 +250,9 @@ struct AdmissionClaims<'a> {
     exp: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     sku: Option<&'a str>,
+    /// `"queue"` on a visitor token (it joins a waiting room and buys nothing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    scope: Option<&'a str>,
 }
 
 /// Mints an admission token as the waiting room would (what `dropgate token` prints).
@@ -256,14 +265,45 @@ pub fn mint(
     sku: Option<&str>,
     ttl: Duration,
 ) -> Result<String, jsonwebtoken::errors::Error> {
-    let claims = AdmissionClaims {
-        sub: user,
-        exp: jsonwebtoken::get_current_timestamp() + ttl.as_secs(),
-        sku,
-    };
+    sign(
+        secret,
+        &AdmissionClaims {
+            sub: user,
+            exp: jsonwebtoken::get_current_timestamp() + ttl.as_secs(),
+            sku,
+            scope: None,
+        },
+    )
+}
+
+/// Mints a visitor token, as a shop's front end gives each visitor of a waiting room (what
+/// `dropgate token --visitor` prints).
+///
+/// # Errors
+/// As [`mint`].
+pub fn mint_visitor(
+    secret: &Secret,
+    user: &str,
+    ttl: Duration,
+) -> Result<String, jsonwebtoken::errors::Error> {
+    sign(
+        secret,
+        &AdmissionClaims {
+            sub: user,
+            exp: jsonwebtoken::get_current_timestamp() + ttl.as_secs(),
+            sku: None,
+            scope: Some("queue"),
+        },
+    )
+}
+
+fn sign(
+    secret: &Secret,
+    claims: &AdmissionClaims<'_>,
+) -> Result<String, jsonwebtoken::errors::Error> {
     jsonwebtoken::encode(
         &Header::new(Algorithm::HS256),
-        &claims,
+        claims,
         &EncodingKey::from_secret(secret.expose().as_bytes())?,
     )
 }

@@ -25,17 +25,19 @@ pub fn text() -> String {
          Exit status: 0 every invariant held, 1 one failed, 2 the run could not be done, {EXIT_CONFIG} bad configuration.\n\n\
          Settings (environment variables):"
     );
-    let rows: [(&str, String); 13] = [
+    let rows: [(&str, String); 15] = [
         (ENV_URL, format!("the gateway [default: {DEFAULT_URL}]; goose's --host overrides it; loopback only unless {ENV_ALLOW_REMOTE}=1")),
         (ENV_ADMISSION_SECRET, "the gateway's admission secret, to mint buyers' tokens [required, at least 16 bytes; never printed]".into()),
         (ENV_ADMIN_TOKEN, "the gateway's admin token, to declare SKUs and read their views [required, at least 16 bytes; never printed]".into()),
-        (ENV_DATABASE_URL, "the gateway's PostgreSQL, read by checkout's checks after the run [required by checkout only]".into()),
+        (ENV_DATABASE_URL, "the gateway's PostgreSQL, read by checkout's and queue_drop's checks after the run [required by checkout; queue_drop checks its ledger only with it]".into()),
         (ENV_SCENARIO, format!("scenarios, comma-separated, as --scenarios [default: {}]", Kind::DEFAULT.map(Kind::name).join(","))),
-        (ENV_STOCK, format!("units per SKU [default: hot_sku_drop {HOT_UNITS_PER_USER} per goose user; many_skus users/20; retry_storm buyers/2; checkout users/3; at least 1]")),
+        (ENV_STOCK, format!("units per SKU [default: hot_sku_drop {HOT_UNITS_PER_USER} per goose user; many_skus users/20; retry_storm buyers/2; checkout users/3; queue_drop users/4; at least 1]")),
         (ENV_SKU_COUNT, format!("SKUs many_skus spreads its buyers over [default: {DEFAULT_SKU_COUNT}; 1..=10000]")),
         (ENV_RETRY_FANOUT, format!("retry_storm: goose users sharing one buyer and its Idempotency-Key [default: {DEFAULT_RETRY_FANOUT}; 1..=64]")),
         (ENV_HOLD_SECS, format!("checkout: how long a won claim is held, in seconds [default: {DEFAULT_HOLD_SECS}; 1..=600]")),
         (ENV_OFFER_SECS, format!("checkout: how long a waitlist offer is held, in seconds [default: {DEFAULT_OFFER_SECS}; 1..=600]")),
+        (ENV_ADMIT_PER_SECOND, format!("queue_drop: the waiting room's admissions per second [default: {DEFAULT_ADMIT_PER_SECOND} = a tenth of the visitors, at least 5; 0..=100000]")),
+        (ENV_OPEN_SECS, format!("queue_drop: seconds from the declare to the opening (visitors join the pre-queue before) [default: {DEFAULT_OPEN_SECS}; 1..=600]")),
         (ENV_DRAIN_SECS, format!("how long to wait after the load for the writer to drain, in seconds [default: {DEFAULT_DRAIN_SECS}; 1..=3600]")),
         (ENV_RUN_ID, "names this run's SKUs lt-<run id>-... [default: the start time in milliseconds; at most 32 of A-Za-z0-9_-]".into()),
         (ENV_ALLOW_REMOTE, "set to 1 to load a gateway that is not on a loopback address [default: unset]".into()),
@@ -49,6 +51,7 @@ pub fn text() -> String {
         (Kind::ManySkus, "buyers spread over many SKUs, a random one per request"),
         (Kind::RetryStorm, "every buyer sends the same Idempotency-Key again and again, from several goose users at once"),
         (Kind::Checkout, "holds and a waitlist: buyers confirm, cancel or walk away; the sold-out join the line (needs DATABASE_URL)"),
+        (Kind::QueueDrop, "a waiting room: visitors join before the opening, are admitted in waves, claim with their admission tokens; the line is told sold out"),
     ] {
         let _ = writeln!(s, "  {:<28} {what}", kind.name());
     }

@@ -17,7 +17,7 @@
 //! - statuses: every claim of the SKU is `held`, `confirmed`, `cancelled` or `expired`;
 //! - per user: at most `per_user_limit` units held or confirmed;
 //! - per claim a buyer saw: its status fits what the buyer did (a 200 to a confirm is
-//!   `confirmed`, a walk-away `expired`, ...; see [`crate::checkout::status_fits`]), and the
+//!   `confirmed`, a walk-away `expired`, ...; see [`crate::book::status_fits`]), and the
 //!   ledger has no claim won outside the line that no buyer saw (unless a request went
 //!   unanswered);
 //! - the line: offers of `waitlist.offered` events, in the order Redis decided them (the SKU's
@@ -36,7 +36,7 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgPool, Row};
 
 use crate::admin::{Admin, SkuView};
-use crate::checkout::{status_fits, Seen};
+use crate::book::{status_fits, Seen};
 use crate::scenarios::Drop;
 use crate::settings::Secret;
 use crate::tally::Tally;
@@ -585,7 +585,7 @@ async fn check_inner(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkout::Expect;
+    use crate::book::Expect;
 
     fn row(id: &str, user: &str, status: &str, offer: bool) -> ClaimRow {
         ClaimRow {

@@ -14,13 +14,18 @@
 //! [`admin`] (admin API, tokens), [`scenarios`] (what
 //! the goose users do), [`checkout`] (the journeys of `checkout`), [`tally`] (what the buyers
 //! saw), [`verify`] (the invariants), [`holds_check`] (those of holds and the waitlist, from
-//! the ledger), [`report`] (offline charts).
+//! the ledger), [`queue_drop`] (the visitors of `queue_drop`) and [`queue_check`] (its
+//! checks), [`report`] (offline charts).
 #![forbid(unsafe_code)]
 
 mod admin;
+mod book;
 mod checkout;
 mod help;
 mod holds_check;
+mod line;
+mod queue_check;
+mod queue_drop;
 mod report;
 mod scenarios;
 mod settings;
@@ -177,6 +182,9 @@ async fn run(settings: Settings, mut config: GooseConfiguration) -> anyhow::Resu
     for drop in &drops {
         let v = if drop.kind == scenarios::Kind::Checkout {
             holds_check::check(&admin, drop, settings.database_url.as_ref(), settings.drain).await
+        } else if drop.kind == scenarios::Kind::QueueDrop {
+            let db = settings.database_url.as_ref();
+            queue_check::check(&admin, drop, &host, db, settings.drain).await
         } else {
             verify::check(&admin, drop, settings.drain).await
         };

@@ -8,6 +8,8 @@
 //!   goose users at once; after the first win every answer must be a replay of it.
 //! - `checkout`: one SKU with holds and a waitlist; buyers confirm, cancel or walk away, the
 //!   sold-out join the line and take or let lapse the offers (see [`crate::checkout`]).
+//! - `queue_drop`: one SKU behind its waiting room; visitors join before the opening, are
+//!   admitted in waves, and claim with their admission tokens (see [`crate::queue_drop`]).
 //!
 //! Each goose user is a distinct buyer with its own token (in `retry_storm`, `fanout` goose
 //! users share one buyer). 409 `sold_out` and `limit_reached` are answers, not failures: the
@@ -24,7 +26,8 @@ use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
 use serde::Deserialize;
 
 use crate::admin::{mint, Admin, Declare};
-use crate::checkout::Book;
+use crate::book::Book;
+use crate::line::Line;
 use crate::settings::{Secret, Settings};
 use crate::tally::{Answer, Rules, Tally};
 
@@ -42,14 +45,16 @@ pub enum Kind {
     ManySkus,
     RetryStorm,
     Checkout,
+    QueueDrop,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 4] = [
+    pub const ALL: [Kind; 5] = [
         Kind::HotSkuDrop,
         Kind::ManySkus,
         Kind::RetryStorm,
         Kind::Checkout,
+        Kind::QueueDrop,
     ];
     /// What no pattern selects: the claim-only scenarios (`checkout` needs `DATABASE_URL`, so
     /// it runs when named).
@@ -61,6 +66,7 @@ impl Kind {
             Kind::ManySkus => "many_skus",
             Kind::RetryStorm => "retry_storm",
             Kind::Checkout => "checkout",
+            Kind::QueueDrop => "queue_drop",
         }
     }
 
@@ -76,6 +82,7 @@ impl Kind {
             Kind::ManySkus => "many_skus claim",
             Kind::RetryStorm => "retry_storm claim",
             Kind::Checkout => "checkout claim",
+            Kind::QueueDrop => "queue_drop claim",
         }
     }
 
@@ -85,6 +92,7 @@ impl Kind {
             Kind::ManySkus => "many",
             Kind::RetryStorm => "retry",
             Kind::Checkout => "checkout",
+            Kind::QueueDrop => "queue",
         }
     }
 }
@@ -147,11 +155,16 @@ pub struct Drop {
     /// `checkout`: how long holds and waitlist offers are held.
     pub hold_secs: u32,
     pub offer_secs: u32,
+    /// `queue_drop`: what its visitors saw, its admission rate and opening (seconds after the
+    /// declare).
+    pub line: Line,
+    pub admit_per_second: u32,
+    pub open_secs: u32,
     /// Goose users (`checkout`: journeys) of this scenario started so far; numbers each one.
     next_user: AtomicUsize,
     fanout: usize,
-    run_id: String,
-    secret: Secret,
+    pub(crate) run_id: String,
+    pub(crate) secret: Secret,
 }
 
 /// A goose user's identity, kept in its session data.
@@ -182,6 +195,8 @@ impl Drop {
             Kind::RetryStorm => (1, buyers / 2),
             // A third of the first wave wins a hold; the rest start the line.
             Kind::Checkout => (1, buyers / 3),
+            // A quarter of the line buys; the rest are told sold out.
+            Kind::QueueDrop => (1, buyers / 4),
         };
         let stock = settings.stock.unwrap_or((stock as i64).max(1));
         let skus = (0..sku_count)
@@ -202,6 +217,12 @@ impl Drop {
             book: Book::default(),
             hold_secs: settings.hold_secs,
             offer_secs: settings.offer_secs,
+            line: Line::default(),
+            admit_per_second: match settings.admit_per_second {
+                0 => (buyers as u32 / 10).max(5),
+                n => n,
+            },
+            open_secs: settings.open_secs,
             next_user: AtomicUsize::new(0),
             fanout,
             run_id: settings.run_id.clone(),
@@ -221,6 +242,21 @@ impl Drop {
                     per_user_limit: PER_USER_LIMIT,
                     hold_seconds: Some(self.hold_secs),
                     offer_seconds: Some(self.offer_secs),
+                    ..Declare::default()
+                };
+                admin.declare(sku, body).await?;
+            } else if self.kind == Kind::QueueDrop {
+                let opens =
+                    chrono::Utc::now() + chrono::Duration::seconds(i64::from(self.open_secs));
+                let body = Declare {
+                    total: self.stock,
+                    per_user_limit: PER_USER_LIMIT,
+                    opens_at: Some(opens.to_rfc3339()),
+                    queue: Some(serde_json::json!({
+                        "admit_per_second": self.admit_per_second,
+                        "admission_ttl_seconds": crate::line::ADMISSION_TTL_SECS,
+                    })),
+                    ..Declare::default()
                 };
                 admin.declare(sku, body).await?;
             } else {
@@ -256,6 +292,17 @@ impl Drop {
             };
             return Scenario::new(self.kind.name())
                 .register_transaction(Transaction::new(step).set_name("step"));
+        }
+        if self.kind == Kind::QueueDrop {
+            let step: TransactionFunction = {
+                let drop = self.clone();
+                Arc::new(move |user| {
+                    let drop = drop.clone();
+                    Box::pin(async move { drop.queue_step(user).await })
+                })
+            };
+            return Scenario::new(self.kind.name())
+                .register_transaction(Transaction::new(step).set_name("visit"));
         }
         Scenario::new(self.kind.name())
             .register_transaction(Transaction::new(admit).set_name("admit").set_on_start())

@@ -37,6 +37,12 @@ pub const DEFAULT_OFFER_SECS: u32 = 6;
 /// `checkout` reads the ledger (`issuances`, `waitlist`, `outbox`) after the run: the
 /// gateway's PostgreSQL, under the gateway's own variable name.
 pub const ENV_DATABASE_URL: &str = "DATABASE_URL";
+/// `queue_drop`: the waiting room's admissions per second (0: a tenth of the visitors, at
+/// least 5), and how long after the declare it opens (the visitors join before).
+pub const ENV_ADMIT_PER_SECOND: &str = "DROPGATE_LOAD_ADMIT_PER_SECOND";
+pub const DEFAULT_ADMIT_PER_SECOND: u32 = 0;
+pub const ENV_OPEN_SECS: &str = "DROPGATE_LOAD_OPEN_SECS";
+pub const DEFAULT_OPEN_SECS: u32 = 5;
 
 /// Goose defaults this tool sets when the command line leaves them open, so that a bare run
 /// is bounded in time.
@@ -78,6 +84,8 @@ pub struct Settings {
     pub allow_remote: bool,
     pub hold_secs: u32,
     pub offer_secs: u32,
+    pub admit_per_second: u32,
+    pub open_secs: u32,
     /// Needed by `checkout` only.
     pub database_url: Option<Secret>,
 }
@@ -143,6 +151,14 @@ impl Settings {
             1..=600,
             &mut errors,
         );
+        let admit_per_second = number(
+            env,
+            ENV_ADMIT_PER_SECOND,
+            DEFAULT_ADMIT_PER_SECOND,
+            0..=100_000,
+            &mut errors,
+        );
+        let open_secs = number(env, ENV_OPEN_SECS, DEFAULT_OPEN_SECS, 1..=600, &mut errors);
         let stock = env.get(ENV_STOCK).and_then(|v| match v.parse::<i64>() {
             Ok(n) if n >= 1 => Some(n),
             _ => {
@@ -175,6 +191,8 @@ impl Settings {
                 allow_remote,
                 hold_secs,
                 offer_secs,
+                admit_per_second,
+                open_secs,
                 database_url: env.get(ENV_DATABASE_URL).map(Secret),
             }),
             _ => Err(errors),

@@ -105,7 +105,7 @@ pub async fn check(admin: &Admin, drop: &Drop, drain: Duration) -> Verdict {
 }
 
 /// The invariants of one SKU that the load was sized to sell out.
-fn sku_invariants(view: &SkuView, drained: bool, drain: Duration, failures: &mut Vec<String>) {
+pub fn sku_invariants(view: &SkuView, drained: bool, drain: Duration, failures: &mut Vec<String>) {
     let sku = &view.sku;
     if !drained {
         failures.push(format!(

@@ -5,6 +5,9 @@
 -- buyer's bearer token and `X-User` (the buyer of `reference`). Without WRK_TOKENS, one fixed
 -- token (WRK_TOKEN, when set) on every request, built once.
 --
+-- WRK_IDEM (optional, with WRK_TOKENS): each request also carries `Idempotency-Key:
+-- <WRK_IDEM>-<user>` (footprint.sh measures what a keyed winner costs Redis).
+--
 -- WRK_MAX_REQUESTS (optional): each thread stops after its share of that many responses, for
 -- a drop of a fixed number of attempts. wrk itself still waits out -d (drop.sh interrupts it
 -- once the attempts are answered), so each thread notes (CLOCK_REALTIME, through LuaJIT's ffi)
@@ -16,6 +19,7 @@ wrk.body = '{"quantity":1}'
 wrk.headers["Content-Type"] = "application/json"
 
 local tokens_file = os.getenv("WRK_TOKENS")
+local idem = os.getenv("WRK_IDEM") or ""
 local threads_made = 0
 local max_total = tonumber(os.getenv("WRK_MAX_REQUESTS") or "")
 
@@ -80,6 +84,10 @@ if tokens_file ~= nil and tokens_file ~= "" then
   function request()
     i = i + 1
     if i > n then i = 1 end
+    if idem ~= "" then
+      return head .. tokens[i] .. "\r\nX-User: " .. users[i] .. "\r\nIdempotency-Key: " .. idem ..
+        "-" .. users[i] .. tail
+    end
     return head .. tokens[i] .. "\r\nX-User: " .. users[i] .. tail
   end
 end

@@ -1,7 +1,8 @@
 -- lib/fresh.lua: the freshness check of every script that changes a SKU's state (claims,
--- holds, the waitlist, expiry, restocks, compensations, a sharded SKU's transfers and pools).
--- It is prepended to those scripts when they are loaded (src/scripts.rs), so each still runs
--- as one atomic script; it only defines functions.
+-- holds, the waitlist, expiry, restocks, compensations, a sharded SKU's transfers and pools,
+-- the waiting room's joins, reads and admissions). It is prepended to those scripts when they
+-- are loaded (src/scripts/), so each still runs as one atomic script; it only defines
+-- functions.
 --
 -- The floor, an ARGV of each script that includes this (its header names which): "seq:inc",
 -- the ledger's high-water mark of the state's sequence and the latest incarnation PostgreSQL
@@ -9,7 +10,7 @@
 -- only grow in PostgreSQL, and a gateway knows them before its first script call on a SKU
 -- (src/freshness.rs), so a floor is never above the truth.
 --
--- The state hash (KEYS[1]) carries `seq` (bumped by every change, see claim.lua), `inc` (the
+-- The state hash (KEYS[1], or the key a script passes as `state`) carries `seq` (bumped by every change, see claim.lua), `inc` (the
 -- incarnation: a Redis-clock time, stamped by restore and advanced by rotate.lua, which
 -- PostgreSQL records afterwards) and `stale` (set once the state is known older than the
 -- ledger; only a restore, which rewrites the whole state, clears it).
@@ -32,25 +33,27 @@ local function behind_floor(seq, inc, floor)
   return nil
 end
 
--- Marks the state stale when `seq`/`inc` are older than `floor`; returns whether it did.
-local function close_if_behind(seq, inc, floor)
+-- Marks the state (`state`, default KEYS[1]) stale when `seq`/`inc` are older than `floor`;
+-- returns whether it did.
+local function close_if_behind(seq, inc, floor, state)
   local why = behind_floor(seq, inc, floor)
   if why then
-    redis.call('HSETNX', KEYS[1], 'stale', why)
+    redis.call('HSETNX', state or KEYS[1], 'stale', why)
     return true
   end
   return false
 end
 
--- The state of KEYS[1] checked against `floor`: nil when it may change; 'lost' when it is
--- missing (Redis lost it); 'stale' when it is marked stale or is older than `floor` (marked
--- stale here, so every gateway fails closed on it until restore).
-local function state_unfit(floor)
-  local h = redis.call('HMGET', KEYS[1], 'stock', 'stale', 'seq', 'inc')
+-- The state (`state`, default KEYS[1]) checked against `floor`: nil when it may change;
+-- 'lost' when it is missing (Redis lost it); 'stale' when it is marked stale or is older than
+-- `floor` (marked stale here, so every gateway fails closed on it until restore).
+local function state_unfit(floor, state)
+  state = state or KEYS[1]
+  local h = redis.call('HMGET', state, 'stock', 'stale', 'seq', 'inc')
   if not h[1] then
     return 'lost'
   end
-  if h[2] or close_if_behind(h[3], h[4], floor) then
+  if h[2] or close_if_behind(h[3], h[4], floor, state) then
     return 'stale'
   end
   return nil

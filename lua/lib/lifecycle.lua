@@ -1,5 +1,5 @@
 -- lib/lifecycle.lua: shared by the scripts that end holds or give units back. It is prepended
--- to those scripts when they are loaded (src/scripts.rs), so each still runs as one atomic
+-- to those scripts when they are loaded (src/scripts/), so each still runs as one atomic
 -- script; it only defines functions.
 --
 -- The lifecycle keys, in this order, are KEYS[1..8] of every script that includes it:
@@ -104,7 +104,7 @@ local function offer_line(units, now, seq)
 end
 
 -- Adds `units` to open stock and tells every gateway's sold-out cache to forget this SKU
--- (src/soldout.rs).
+-- (src/soldout/).
 local function to_stock(units)
   if units > 0 then
     redis.call('HINCRBY', KEYS[1], 'stock', units)

@@ -1,5 +1,6 @@
 -- lib/queue.lua: functions shared by the waiting room's scripts (src/queue/), prepended to
--- each; it defines no key of its own. Every script that includes it takes these as KEYS[1..7]:
+-- each after lib/fresh.lua; it defines no key of its own. Every script that includes it takes
+-- these as KEYS[1..7]:
 --
 -- KEYS[1]  the queue hash {sku}:q: rate (admissions per second), ttl_ms (how long an admission
 --          is valid), prequeue_ms (the pre-queue opens; 0: from the declare on), seq (arrival
@@ -23,11 +24,21 @@ local function q_now()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- Whether the queue cannot decide: the SKU's state or the queue's settings are missing (Redis
--- lost them) or the state is stale. Fail closed.
-local function q_lost()
-  local st = redis.call('HMGET', KEYS[4], 'stock', 'stale')
-  return (not st[1]) or st[2] or redis.call('EXISTS', KEYS[1]) == 0
+-- Why the queue cannot decide, or nil: 'lost' when the SKU's state or the queue's settings
+-- are missing (Redis lost them), 'stale' when the state is marked stale or older than `floor`
+-- (the caller's "seq:inc", lib/fresh.lua: closed here, so every gateway fails closed on it
+-- until restore). The line and the admitted set live beside the state and come back with it
+-- from an older snapshot, so an older state means an older line: nothing joins or is
+-- admitted on it.
+local function q_unfit(floor)
+  local unfit = state_unfit(floor, KEYS[4])
+  if unfit then
+    return unfit
+  end
+  if redis.call('EXISTS', KEYS[1]) == 0 then
+    return 'lost'
+  end
+  return nil
 end
 
 local function q_num(key, field)

@@ -7,8 +7,61 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::error::DbError;
-use crate::ledger::{ledger_sums, LedgerSums};
-use crate::writer::Batch;
+use crate::journal::Batch;
+
+/// Ledger sums of one SKU, in units. Each claim counts in one sum at most:
+/// - `recorded`: `issuances` rows of live claims (`issued`, `held`, `confirmed`); a
+///   `compensated` row there only keeps a late writer from inserting the claim again.
+/// - `pending`: `persistence_pending` rows not yet resolved.
+/// - `compensated`: `persistence_pending` rows compensated (every compensation goes through
+///   that table, so the `issuances` row of the same claim is not counted again).
+/// - `quarantined`: open `quarantine` rows whose claim is in neither table above (an operator
+///   who records it by hand is not counted twice, even before setting `resolved_at`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, sqlx::FromRow)]
+pub struct LedgerSums {
+    pub recorded: i64,
+    pub pending: i64,
+    pub compensated: i64,
+    pub quarantined: i64,
+    pub held: i64,
+    pub confirmed: i64,
+    pub waiting: i64,
+    pub offered: i64,
+}
+
+/// Units by state in the ledger.
+///
+/// # Errors
+/// The database error.
+pub async fn ledger_sums<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    sku: &str,
+) -> Result<LedgerSums, DbError> {
+    Ok(sqlx::query_as(
+        "SELECT
+           (SELECT COALESCE(SUM(quantity), 0)::bigint FROM issuances
+             WHERE sku = $1 AND status IN ('issued', 'held', 'confirmed')) AS recorded,
+           (SELECT COALESCE(SUM(quantity), 0)::bigint FROM persistence_pending
+             WHERE sku = $1 AND status IN ('pending', 'reprocessing')
+               AND claim_status NOT IN ('cancelled', 'expired')) AS pending,
+           (SELECT COALESCE(SUM(quantity), 0)::bigint FROM persistence_pending
+             WHERE sku = $1 AND status = 'compensated') AS compensated,
+           (SELECT COALESCE(SUM(q.quantity), 0)::bigint FROM quarantine q
+             WHERE q.sku = $1 AND q.resolved_at IS NULL
+               AND NOT EXISTS (SELECT 1 FROM issuances i WHERE i.claim_id = q.claim_id)
+               AND NOT EXISTS (SELECT 1 FROM persistence_pending p
+                                WHERE p.claim_id = q.claim_id)) AS quarantined,
+           (SELECT COALESCE(SUM(quantity), 0)::bigint FROM issuances
+             WHERE sku = $1 AND status = 'held') AS held,
+           (SELECT COALESCE(SUM(quantity), 0)::bigint FROM issuances
+             WHERE sku = $1 AND status = 'confirmed') AS confirmed,
+           (SELECT count(*) FROM waitlist WHERE sku = $1 AND status = 'waiting') AS waiting,
+           (SELECT count(*) FROM waitlist WHERE sku = $1 AND status = 'offered') AS offered",
+    )
+    .bind(sku)
+    .fetch_one(db)
+    .await?)
+}
 
 /// PostgreSQL's side, one snapshot: the total, the restocks not finished, the sums, and what
 /// the ledger holds of the claims and waitlist entries the unacknowledged entries carry.
@@ -20,6 +73,10 @@ pub(super) struct LedgerSide {
     /// `quarantine` as "quarantined").
     claims: HashMap<Uuid, Vec<String>>,
     waits: HashMap<Uuid, String>,
+    /// Parked claims a reprocessor is working on that `pending` counts: (claim, buyer, units).
+    /// One that has just been compensated in Redis (its units back in stock) is counted there
+    /// until its row says so.
+    pub(super) reprocessing: Vec<(Uuid, String, i64)>,
 }
 
 pub(super) async fn ledger_side(
@@ -76,6 +133,13 @@ pub(super) async fn ledger_side(
             .into_iter()
             .collect()
     };
+    let reprocessing = sqlx::query_as(
+        "SELECT claim_id, user_id, quantity::bigint FROM persistence_pending
+          WHERE sku = $1 AND status = 'reprocessing' AND claim_status NOT IN ('cancelled', 'expired')",
+    )
+    .bind(sku)
+    .fetch_all(&mut *tx)
+    .await?;
     tx.commit().await?;
     Ok(LedgerSide {
         total,
@@ -83,6 +147,7 @@ pub(super) async fn ledger_side(
         sums,
         claims: found,
         waits,
+        reprocessing,
     })
 }
 

@@ -8,14 +8,14 @@ use uuid::Uuid;
 
 use crate::activity;
 use crate::error::StoreError;
-use crate::freshness::Floor;
 use crate::ids;
 use crate::keys::SkuKeys;
 use crate::metrics as m;
+use crate::scripts::Floor;
 use crate::scripts::{self, ClaimInput, Decision};
 use crate::store::Store;
 
-use super::now_ms;
+use crate::clock::now_ms;
 
 /// Reads of a claim's record after its call got no answer, before its outcome is reported
 /// unknown (503 `outcome_unknown`, then settled in the background); with the call itself this
@@ -136,17 +136,14 @@ pub(super) async fn resolve(store: &Store, keys: &SkuKeys, ids: &[Uuid]) -> Deci
     m::uncertain_outcome();
     let mut con = store.hot();
     for _ in 0..RESOLVE_ATTEMPTS {
-        if let Ok(answers) = store
-            .bounded(scripts::resolve_claims(&mut con, keys, ids))
-            .await
-        {
+        if let Ok(answers) = store.bounded(scripts::read_back(&mut con, keys, ids)).await {
             let out = answers
                 .into_iter()
                 .map(|a| match a {
-                    // A read-back cannot tell a hold's expiry: the claim's GET shows it.
-                    Some(remaining) => Ok(Decision::Won {
-                        remaining,
-                        expires_ms: None,
+                    // The call's record tells a hold's expiry: the win is answered as it was.
+                    Some(w) => Ok(Decision::Won {
+                        remaining: w.remaining,
+                        expires_ms: w.expires_ms,
                     }),
                     // Fenced: the claim did not and now cannot win. Nothing moved.
                     None => Err(StoreError::Unavailable(

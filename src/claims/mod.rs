@@ -22,19 +22,21 @@ use uuid::Uuid;
 
 use crate::catalog::Sku;
 use crate::error::StoreError;
-use crate::freshness::Marks;
 use crate::ids;
+use crate::journal::WriterSignal;
 use crate::metrics as m;
 use crate::scripts::{ClaimInput, Decision};
 use crate::settle::Settler;
 use crate::shards::borrow::{Borrower, Refill};
 use crate::soldout::SoldOut;
+use crate::store::marks::Marks;
 use crate::store::Store;
-use crate::writer::WriterSignal;
 
 mod call;
+mod outcome;
 
 use call::{decide_batch, definite, probe, resolve};
+pub use outcome::{Outcome, WonClaim};
 
 /// Most claims decided by one script call; bounds the script's run time inside Redis (and is
 /// what a call id's index can number).
@@ -44,35 +46,6 @@ pub const MAX_BATCH: usize = ids::CALL_CLAIMS;
 /// took first; a claim still without a unit after this many is shed (429 `overloaded`, with
 /// Retry-After), never told `sold_out` while units remain ([`crate::shards::borrow`]).
 const BORROW_ROUNDS: usize = 16;
-
-/// What the gateway answers for a claim.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    Won(WonClaim),
-    /// An earlier win under the same Idempotency-Key and the same request.
-    Replayed(WonClaim),
-    SoldOut,
-    LimitReached,
-    KeyReused,
-    /// Shed: too many claims already wait on this SKU (before reaching Redis), or a claim on a
-    /// sharded SKU found no unit in [`BORROW_ROUNDS`] refills while units remained. Nothing
-    /// moved.
-    Shed,
-    /// The sale window has not opened / has closed (Redis's clock).
-    NotOpen,
-    Closed,
-}
-
-/// A winning claim, as the 201 body shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WonClaim {
-    pub claim_id: Uuid,
-    pub quantity: u32,
-    /// Stock left right after this claim won.
-    pub remaining: i64,
-    /// When the hold expires (unix ms); `None` for a claim final at once.
-    pub expires_ms: Option<i64>,
-}
 
 /// What a claim is told: its id (from its call) and its decision. An outcome that stayed
 /// unknown is [`StoreError::OutcomeUnknown`] with the id.
@@ -172,13 +145,13 @@ impl ClaimService {
             shard_name = layout.name(sku, shard);
             shard_name.as_str()
         };
-        // Shard i >= 1 keeps its mark apart (src/shards/marks.rs); the refresher reads it.
+        // Shard i >= 1 keeps its mark apart (src/freshness/shard_marks.rs); the refresher reads it.
         self.marks
             .observe(name, if shard == 0 { entry.redis_seq } else { 0 });
         // The sold-out fast path. A keyed claim may be the replay of a win: it asks Redis.
         if idempotency_key.is_none() && self.sold_out.refuses(sku) {
             m::fast_refusal();
-            m::claim_decided(&Outcome::SoldOut, started.elapsed());
+            m::claim_decided(Outcome::SoldOut.label(), started.elapsed());
             return Ok(Outcome::SoldOut);
         }
         // Before the call: what it says about the stock is learned only if no notification
@@ -239,7 +212,7 @@ impl ClaimService {
             } => {
                 self.writer.won(name);
                 if expires_ms.is_some() {
-                    crate::lifecycle::expiry::count_decision("created");
+                    m::hold_decided("created");
                 }
                 Outcome::Won(WonClaim {
                     claim_id,
@@ -280,7 +253,7 @@ impl ClaimService {
                 return Err(StoreError::Protocol("fresh claim id was fenced".into()))
             }
         };
-        m::claim_decided(&outcome, started.elapsed());
+        m::claim_decided(outcome.label(), started.elapsed());
         Ok(outcome)
     }
 
@@ -392,8 +365,4 @@ async fn drain_lane(
             let _ = reply.send(d.map(|d| (ids::claim_in(&call, i), d)));
         }
     }
-}
-
-pub fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
 }

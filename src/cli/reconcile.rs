@@ -7,7 +7,7 @@ use std::io::Write;
 
 use super::token::quiet_end;
 use super::ReconcileArgs;
-use crate::inventory::{InventoryError, Refusal};
+use crate::error::{InventoryError, Refusal};
 use crate::startup::{redact, Exit, Failure};
 
 /// Prints the table; `Ok(false)` when any SKU does not balance. A reader that goes away

@@ -66,7 +66,7 @@ impl Checkout<'_> {
             .await?
             .text()
             .await?;
-        let name = crate::lifecycle::expiry::EXPIRY_LAG;
+        let name = crate::metrics::EXPIRY_LAG;
         let mut buckets: Vec<(f64, f64)> = Vec::new();
         for line in text
             .lines()

@@ -2,15 +2,16 @@
 //! appear), compares each state with its mark once, keeps the marks of the SKUs this gateway
 //! moves current every second, and advances the incarnation of those found fresh.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use super::{close_stale, Floor, Marks, REFRESH};
+use super::{close_stale, REFRESH};
 use crate::error::{DbError, StoreError};
-use crate::scripts::SCRIPTS;
+use crate::scripts::Floor;
+use crate::scripts::{self, fresh::Rotation};
+use crate::store::marks::Marks;
 use crate::store::Store;
 
 /// Catalog rows read per query while loading marks.
@@ -27,7 +28,7 @@ const LOAD_CHUNK: i64 = 10_000;
 pub async fn load_new(db: &PgPool, marks: &Marks) -> Result<usize, DbError> {
     let mut n = 0;
     loop {
-        let after = marks.loaded_tag.load(Ordering::Relaxed);
+        let after = marks.loaded_tag();
         let rows: Vec<(String, i32, i64, i64, i32, Vec<i32>)> = sqlx::query_as(
             "SELECT sku, tag, redis_seq, redis_inc, shards, shard_salts FROM skus
               WHERE tag > $1 ORDER BY tag LIMIT $2",
@@ -44,24 +45,20 @@ pub async fn load_new(db: &PgPool, marks: &Marks) -> Result<usize, DbError> {
         let mut fresh = Vec::with_capacity(rows.len());
         for (sku, _, seq, inc, shards, salts) in &rows {
             marks.learn(sku, *seq, *inc);
-            let layout = crate::shards::Layout::stored(*shards, salts);
+            let layout = crate::layout::Layout::stored(*shards, salts);
             fresh.push(sku.clone());
             for name in layout.names(sku).into_iter().skip(1) {
                 shard_names.push(name);
             }
         }
         if !shard_names.is_empty() {
-            for (name, f) in crate::shards::marks::read_floors(db, &shard_names).await? {
+            for (name, f) in crate::freshness::shard_marks::read_floors(db, &shard_names).await? {
                 marks.learn(&name, f.seq, f.inc);
             }
             fresh.extend(shard_names);
         }
         n += rows.len();
-        marks.loaded.lock().0.extend(fresh.iter().cloned());
-        marks.unchecked.lock().extend(fresh);
-        marks
-            .loaded_tag
-            .fetch_max(i64::from(last), Ordering::Relaxed);
+        marks.loaded(fresh, i64::from(last));
     }
 }
 
@@ -82,10 +79,6 @@ impl Refresher {
             if let Err(e) = self.round().await {
                 tracing::debug!(error = %e, "freshness round failed; retrying");
             }
-            // Restocks whose answer was lost, or whose gateway died, are finished here.
-            if let Err(e) = crate::inventory::settle_stuck_restocks(&self.store, &self.db).await {
-                tracing::debug!(error = %e, "settling pending restocks failed; retrying");
-            }
         }
         tracing::info!("freshness refresher stopped");
     }
@@ -94,21 +87,18 @@ impl Refresher {
         load_new(&self.db, &self.marks).await?;
         // SKUs loaded from the catalog: each state compared once, used or not (a gateway
         // started after Redis came back older finds it without waiting for a buyer).
-        let unchecked = std::mem::take(&mut *self.marks.unchecked.lock());
+        let unchecked = self.marks.take_unchecked();
         for (i, name) in unchecked.iter().enumerate() {
             if let Err(e) = self.compare(name, self.marks.fence_peek(name)).await {
                 // Compared again next round.
-                self.marks
-                    .unchecked
-                    .lock()
-                    .extend(unchecked[i..].iter().cloned());
+                self.marks.unchecked_again(unchecked[i..].iter().cloned());
                 return Err(e);
             }
         }
         // Floors of names not moved here yet, in turns: current when this gateway first does.
         let walked = self.marks.walk();
         if !walked.is_empty() {
-            for (name, f) in crate::shards::marks::read_floors(&self.db, &walked).await? {
+            for (name, f) in crate::freshness::shard_marks::read_floors(&self.db, &walked).await? {
                 self.marks.learn(&name, f.seq, f.inc);
             }
         }
@@ -116,8 +106,8 @@ impl Refresher {
         if skus.is_empty() {
             return Ok(());
         }
-        // Shards of sharded SKUs among them keep their marks apart (src/shards/marks.rs).
-        let rows = crate::shards::marks::read_floors(&self.db, &skus).await?;
+        // Shards of sharded SKUs among them keep their marks apart (src/freshness/shard_marks.rs).
+        let rows = crate::freshness::shard_marks::read_floors(&self.db, &skus).await?;
         for (sku, floor) in rows {
             self.marks.observe(&sku, floor.seq);
             self.marks.observe_inc(&sku, floor.inc);
@@ -161,29 +151,20 @@ impl Refresher {
     /// rotation, and records it once the replicas hold it: a copy of the state taken before
     /// now is then recognised as older whatever its sequence becomes (`lua/rotate.lua`).
     async fn rotate(&self, name: &str, floor: Floor, seq: i64, inc: i64) {
-        let mark = self.marks.mark(name);
-        if mark.rotated_at.load(Ordering::Relaxed) == seq {
+        if self.marks.rotated_at(name) == seq {
             return;
         }
         let keys = self.store.keys(name);
         let mut con = self.store.hot();
         let rotated = self
             .store
-            .bounded(async {
-                Ok(SCRIPTS
-                    .rotate
-                    .key(keys.state())
-                    .arg(floor)
-                    .arg(inc)
-                    .invoke_async::<(i64, i64)>(&mut con)
-                    .await?)
-            })
+            .bounded(scripts::fresh::rotate(&mut con, &keys, floor, inc))
             .await;
         let new = match rotated {
-            Ok((1, new)) => new,
+            Ok(Rotation::Advanced(new)) => new,
             // Another gateway rotated it (it records it), or the state just closed.
-            Ok((0 | -1, _)) => return,
-            Ok(_) => {
+            Ok(Rotation::Skipped) => return,
+            Ok(Rotation::Stale) => {
                 crate::metrics::stale_state();
                 return;
             }
@@ -198,10 +179,10 @@ impl Refresher {
             Ok(true) => {}
             _ => return,
         }
-        match crate::shards::marks::record_inc(&self.db, name, new).await {
+        match crate::freshness::shard_marks::record_inc(&self.db, name, new).await {
             Ok(()) => {
                 self.marks.observe_inc(name, new);
-                mark.rotated_at.store(seq, Ordering::Relaxed);
+                self.marks.set_rotated_at(name, seq);
             }
             Err(e) => {
                 tracing::debug!(sku = name, error = %e, "could not record the incarnation; next round");

@@ -4,10 +4,10 @@ use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use serde::Deserialize;
 
+use super::handler::{admin, check_sku, json, parse, Result};
 use super::limits::read_body;
 use super::problem::{ApiError, Body};
-use super::routes::{admin, check_sku, json, parse, Result};
-use crate::app::AppState;
+use super::AppState;
 use crate::{catalog, inventory, ledger};
 
 #[derive(Deserialize)]
@@ -75,10 +75,10 @@ pub(super) async fn declare(
         }
     }
     let shards = body.shards.unwrap_or(1);
-    if !(1..=i64::from(crate::shards::MAX_SHARDS)).contains(&shards) {
+    if !(1..=i64::from(crate::layout::MAX_SHARDS)).contains(&shards) {
         return Err(ApiError::BadRequest(format!(
             "shards must be in 1..={}",
-            crate::shards::MAX_SHARDS
+            crate::layout::MAX_SHARDS
         )));
     }
     let opens_at = body.opens_at.map(|t| t.to_utc());

@@ -7,13 +7,13 @@ use hyper::{Request, Response, StatusCode};
 use serde::Serialize;
 use uuid::Uuid;
 
+use super::handler::{check_sku, header, json, Result};
 use super::problem::{ApiError, Body};
-use super::routes::{check_sku, header, json, Result};
-use crate::app::AppState;
+use super::AppState;
 use crate::auth::{AuthError, Buyer};
 use crate::lifecycle::holds::{self, HoldAnswer, HoldOp};
-use crate::lifecycle::status::{ClaimStatus, EntryStatus};
 use crate::lifecycle::waitlist::{self, Joined, Left};
+use crate::status::{ClaimStatus, EntryStatus};
 
 /// The caller: `None` for the admin (who may act on any claim or entry), else the buyer and
 /// the SKU the token is limited to (checked against the claim's or entry's by the handler).
@@ -111,7 +111,6 @@ pub(super) async fn join_waitlist(
     if !buyer.may_act_on(sku) {
         return Err(ApiError::Unauthorized(AuthError::WrongSku));
     }
-    let user = buyer.user;
     check_sku(sku)?;
     let entry = state
         .catalog
@@ -119,6 +118,12 @@ pub(super) async fn join_waitlist(
         .await
         .map_err(ApiError::from)?
         .ok_or(ApiError::UnknownSku)?;
+    // The line's head is offered the units that come back before the queue admits anyone: on
+    // a queued SKU it is a way to a unit like the claim route, and takes the same tokens.
+    if entry.queue.0.is_some() {
+        super::queue::admitted_here(state, &entry, &buyer)?;
+    }
+    let user = buyer.user;
     let (status, entry_id, position) = match waitlist::join(&state.store, &entry, &user).await? {
         Joined::New { entry_id, position } => (StatusCode::CREATED, entry_id, position),
         Joined::Existing { entry_id, position } => (StatusCode::OK, entry_id, position),

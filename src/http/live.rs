@@ -16,10 +16,10 @@ use hyper::body::{Frame, Incoming};
 use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
 use hyper::{Request, Response};
 
+use super::handler::{admin, Result};
 use super::problem::{full, ApiError, Body};
-use super::routes::{admin, Result};
-use crate::app::AppState;
-use crate::live::Watch;
+use super::AppState;
+use crate::live::{Sources, Watch};
 
 const PAGE: &str = include_str!("../live/page.html");
 /// One frame per second, as the page promises.
@@ -62,7 +62,12 @@ pub(super) fn stream(state: &Arc<AppState>, req: &Request<Incoming>) -> Result<R
             if state.is_draining() {
                 return None;
             }
-            let frame = watch.frame(&state).await;
+            let sources = Sources {
+                live: &state.live,
+                store: &state.store,
+                catalog: &state.catalog,
+            };
+            let frame = watch.frame(&sources).await;
             let mut line = serde_json::to_vec(&frame).unwrap_or_default();
             line.push(b'\n');
             Some((

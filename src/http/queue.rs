@@ -9,20 +9,21 @@ use hyper::{Request, Response, StatusCode};
 use serde::Serialize;
 use uuid::Uuid;
 
+use super::handler::{check_sku, header, json, Result};
 use super::problem::{full, ApiError, Body};
-use super::routes::{check_sku, header, json, Result};
-use crate::app::AppState;
+use super::AppState;
 use crate::auth::Buyer;
 use crate::catalog::Sku;
 use crate::error::StoreError;
 use crate::queue::calls::{self, Joined, Report};
 use crate::queue::{self as q, order};
+use crate::status::TicketState;
 
 #[derive(Serialize)]
 struct TicketView<'a> {
     ticket_id: Uuid,
     sku: &'a str,
-    state: &'a str,
+    state: TicketState,
     /// From 1 while waiting; `null` otherwise.
     position: Option<i64>,
     eta_seconds: Option<i64>,
@@ -80,7 +81,14 @@ pub(super) async fn join(
     let mut con = state.store.hot();
     let joined = state
         .store
-        .bounded(calls::join(&mut con, &keys, &ticket, key, &visitor))
+        .bounded(calls::join(
+            &mut con,
+            &keys,
+            &ticket,
+            key,
+            &visitor,
+            state.store.floor(sku),
+        ))
         .await
         .map_err(read_error)?;
     match joined {
@@ -90,7 +98,9 @@ pub(super) async fn join(
             } else {
                 StatusCode::OK
             };
-            let view = ticket_view(state, &entry, &ticket, Some(&visitor), &report);
+            // A join's report is of the ticket it just found or added.
+            let view = ticket_view(state, &entry, &ticket, Some(&visitor), &report)
+                .ok_or_else(|| read_error(StoreError::Protocol("join: no ticket".into())))?;
             let mut resp = json(status, &view);
             if let Ok(v) = HeaderValue::from_str(&format!("/v1/queue/{ticket}")) {
                 resp.headers_mut().insert(hyper::header::LOCATION, v);
@@ -139,13 +149,13 @@ pub(super) async fn get_ticket(
             &keys,
             &ticket,
             visitor.as_deref().unwrap_or(""),
+            state.store.floor(&entry.sku),
         ))
         .await
         .map_err(read_error)?;
-    if report.state == "none" {
+    let Some(view) = ticket_view(state, &entry, &ticket, visitor.as_deref(), &report) else {
         return Err(ApiError::UnknownTicket);
-    }
-    let view = ticket_view(state, &entry, &ticket, visitor.as_deref(), &report);
+    };
     Ok(json(StatusCode::OK, &view))
 }
 
@@ -172,45 +182,48 @@ fn read_error(e: StoreError) -> ApiError {
     ApiError::Unavailable(crate::lifecycle::read_error(e))
 }
 
+/// The ticket as the route answers it; `None` when the report found no such ticket.
 fn ticket_view<'a>(
     state: &AppState,
     entry: &'a Sku,
     ticket: &Uuid,
     visitor: Option<&str>,
     r: &'a Report,
-) -> TicketView<'a> {
+) -> Option<TicketView<'a>> {
+    let ticket_state = r.state?;
     let ttl = entry
         .queue
         .0
         .as_ref()
         .map_or(0, |s| s.admission_ttl_seconds);
-    let waiting = r.state == "waiting";
-    let position = matches!(r.state.as_str(), "waiting" | "sold_out").then_some(r.position);
+    let waiting = ticket_state == TicketState::Waiting;
+    let position =
+        matches!(ticket_state, TicketState::Waiting | TicketState::SoldOut).then_some(r.position);
     let eta = if waiting {
         q::eta_seconds(r, r.position)
     } else {
         None
     };
-    let (token, expires) = match (r.state.as_str(), visitor) {
-        ("admitted", Some(v)) => (
+    let (token, expires) = match (ticket_state, visitor) {
+        (TicketState::Admitted, Some(v)) => (
             q::admission_token(&state.secret, &entry.sku, v, ticket, r.admitted_ms, ttl).ok(),
             chrono::DateTime::from_timestamp_millis(r.admitted_ms + i64::from(ttl) * 1000)
                 .map(|t| q::rfc3339(&t)),
         ),
         _ => (None, None),
     };
-    TicketView {
+    Some(TicketView {
         ticket_id: *ticket,
         sku: &entry.sku,
-        state: &r.state,
+        state: ticket_state,
         position,
         eta_seconds: eta,
-        poll_after_ms: q::poll_after_ms(&r.state, r.position, eta),
+        poll_after_ms: q::poll_after_ms(ticket_state, r.position, eta),
         admission_token: token,
         admission_expires_at: expires,
         opens_at: entry.opens_at.map(|t| q::rfc3339(&t)),
         waiting: r.waiting,
-    }
+    })
 }
 
 /// `GET /queue/{sku}`: the page a waiting buyer's browser shows. Everything it needs is in

@@ -9,10 +9,11 @@ use std::sync::Arc;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 
+use super::handler::{json, Result};
 use super::problem::{ApiError, Body};
-use super::routes::{self, json, Result};
+use super::routes;
+use super::AppState;
 use super::{admin, lifecycle, live, openapi, problems, queue};
-use crate::app::AppState;
 use crate::lifecycle::holds::HoldOp;
 
 /// One path of the API and the methods it answers.
@@ -120,10 +121,13 @@ async fn route(state: &Arc<AppState>, req: Request<Incoming>) -> Result<Response
         ("/v1/skus/{sku}/waitlist", "POST") => lifecycle::join_waitlist(state, p(0), &req).await,
         ("/v1/waitlist/{entry_id}", "GET") => lifecycle::get_entry(state, p(0), &req).await,
         ("/v1/waitlist/{entry_id}", "DELETE") => lifecycle::leave_waitlist(state, p(0), &req).await,
-        ("/admin/skus/{sku}", "PUT") => admin::declare(state, p(0), req).await,
-        ("/admin/skus/{sku}", "GET") => admin::sku_view(state, p(0), &req).await,
-        ("/admin/skus/{sku}/restock", "POST") => admin::restock(state, p(0), req).await,
-        ("/admin/skus/{sku}/restore", "POST") => admin::restore(state, p(0), &req).await,
+        // The operators' routes are boxed: their futures are 10-12 KiB, twice a claim's (5.5 KiB),
+        // and unboxed they set the size of every request's future (24.5 KiB in all), which
+        // every request moves into place and every connection keeps a box of.
+        ("/admin/skus/{sku}", "PUT") => Box::pin(admin::declare(state, p(0), req)).await,
+        ("/admin/skus/{sku}", "GET") => Box::pin(admin::sku_view(state, p(0), &req)).await,
+        ("/admin/skus/{sku}/restock", "POST") => Box::pin(admin::restock(state, p(0), req)).await,
+        ("/admin/skus/{sku}/restore", "POST") => Box::pin(admin::restore(state, p(0), &req)).await,
         ("/admin/live", "GET") => Ok(live::page()),
         ("/admin/live/stream", "GET") => live::stream(state, &req),
         ("/openapi.json", "GET") => Ok(openapi::document()),

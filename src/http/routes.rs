@@ -5,23 +5,21 @@ use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, LOCATION};
 use hyper::{Request, Response, StatusCode};
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use super::handler::{check_sku, header, json, parse, Result};
 use super::limits::read_body;
 use super::problem::{full, ApiError, Body};
-use crate::app::AppState;
-use crate::catalog::valid_sku_id;
+use super::AppState;
 use crate::claims::{Outcome, WonClaim};
 use crate::error::StoreError;
 use crate::lifecycle::holds;
-use crate::lifecycle::status::ClaimStatus;
+use crate::lifecycle::rows::ClaimRow;
+use crate::metrics as m;
 use crate::observe::Closed;
 use crate::settle::Settled;
-use crate::{ledger, metrics as m};
-
-pub(super) type Result<T> = std::result::Result<T, ApiError>;
+use crate::status::ClaimStatus;
 
 // === claims ===
 
@@ -113,8 +111,8 @@ fn log_decision(
     took: std::time::Duration,
 ) {
     let (claim_id, outcome) = match decided {
-        Ok(o @ (Outcome::Won(w) | Outcome::Replayed(w))) => (Some(w.claim_id), m::outcome_label(o)),
-        Ok(o) => (None, m::outcome_label(o)),
+        Ok(o @ (Outcome::Won(w) | Outcome::Replayed(w))) => (Some(w.claim_id), o.label()),
+        Ok(o) => (None, o.label()),
         Err(ApiError::Unavailable(StoreError::OutcomeUnknown(id))) => {
             (Some(*id), "outcome_unknown")
         }
@@ -235,7 +233,7 @@ fn unsettled_claim(
     state: &AppState,
     id: Uuid,
     owns: &dyn Fn(&str, &str) -> bool,
-) -> Result<ledger::ClaimRow> {
+) -> Result<ClaimRow> {
     let c = state
         .claims
         .settler()
@@ -245,13 +243,19 @@ fn unsettled_claim(
     match c.state {
         Settled::Pending => Err(ApiError::OutcomeUnknown(id)),
         Settled::Fenced => Err(ApiError::UnknownClaim),
-        Settled::Won { .. } => Ok(ledger::ClaimRow {
+        // A hold is told as its first answer had it: Redis holds its current status, and
+        // the ledger will (find_claim reads both first).
+        Settled::Won { expires_ms, .. } => Ok(ClaimRow {
             claim_id: id,
             sku: c.sku,
             user: c.user,
             quantity: c.quantity as i32,
-            status: ClaimStatus::Issued,
-            expires_at: None,
+            status: if expires_ms.is_some() {
+                ClaimStatus::Held
+            } else {
+                ClaimStatus::Issued
+            },
+            expires_at: expires_ms.and_then(chrono::DateTime::from_timestamp_millis),
             created_at: crate::ids::created_at(&id),
         }),
     }
@@ -316,42 +320,5 @@ pub(super) fn metrics(state: &AppState) -> Response<Body> {
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4"),
     );
-    resp
-}
-
-// === helpers ===
-
-pub(super) fn admin(state: &AppState, req: &Request<Incoming>) -> Result<()> {
-    state
-        .verifier
-        .admin(header(req, AUTHORIZATION.as_str()))
-        .map_err(ApiError::Unauthorized)
-}
-
-pub(super) fn check_sku(sku: &str) -> Result<()> {
-    if valid_sku_id(sku) {
-        Ok(())
-    } else {
-        Err(ApiError::BadRequest(
-            "a SKU id matches ^[A-Za-z0-9._-]{1,64}$".into(),
-        ))
-    }
-}
-
-pub(super) fn header<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
-    req.headers().get(name).and_then(|v| v.to_str().ok())
-}
-
-pub(super) fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T> {
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))
-}
-
-pub(super) fn json<T: Serialize>(status: StatusCode, body: &T) -> Response<Body> {
-    let bytes = serde_json::to_vec(body).unwrap_or_default();
-    let mut resp = Response::new(full(Bytes::from(bytes)));
-    *resp.status_mut() = status;
-    resp.headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     resp
 }

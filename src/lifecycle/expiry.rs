@@ -8,13 +8,14 @@
 
 use std::time::Duration;
 
-use metrics::{counter, describe_counter, describe_histogram, histogram};
+use metrics::{counter, histogram};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::error::StoreError;
+use crate::metrics::{EXPIRY_LAG, HOLDS};
 use crate::repeats::{self, Repeats, BACKEND};
-use crate::scripts::SCRIPTS;
+use crate::scripts;
 use crate::store::Store;
 
 /// How often each SKU's due holds are looked for: with the batch below, the bound on how late
@@ -28,45 +29,6 @@ const LEASE_MS: u64 = 1_500;
 /// The SKUs to serve are re-read this often: also how long a SKU's first hold may wait to be
 /// looked at after its SKU joined the active set (well under any hold's time).
 const SKUS_EVERY: Duration = Duration::from_secs(1);
-
-pub const HOLDS: &str = "dropgate_holds_total";
-pub const EXPIRY_LAG: &str = "dropgate_hold_expiry_lag_seconds";
-pub const OFFERS: &str = "dropgate_waitlist_offers_total";
-
-/// Describes the lifecycle's metric families (called once by [`crate::metrics`]).
-pub fn register_metrics() {
-    describe_counter!(
-        HOLDS,
-        "Holds by outcome: created (a held win), confirmed, cancelled, expired"
-    );
-    for outcome in ["created", "confirmed", "cancelled", "expired"] {
-        counter!(HOLDS, "outcome" => outcome).increment(0);
-    }
-    describe_histogram!(
-        EXPIRY_LAG,
-        "How long after its expires_at a hold was expired (Redis's clock), in seconds"
-    );
-    let _registered = histogram!(EXPIRY_LAG);
-    describe_counter!(
-        OFFERS,
-        "Waitlist offers, by result: made, taken (confirmed), lapsed (expired or declined); counted as the writer records them"
-    );
-    for result in ["made", "taken", "lapsed"] {
-        counter!(OFFERS, "result" => result).increment(0);
-    }
-}
-
-/// Counts a hold decision (`created`, `confirmed`, `cancelled`, `expired`).
-pub fn count_decision(outcome: &'static str) {
-    counter!(HOLDS, "outcome" => outcome).increment(1);
-}
-
-/// Counts offers as the writer records them.
-pub fn count_offers(result: &'static str, n: usize) {
-    if n > 0 {
-        counter!(OFFERS, "result" => result).increment(n as u64);
-    }
-}
 
 /// Expires due holds of the active SKUs ([`crate::activity`]) that have holds in Redis: a SKU
 /// with holds stays in the active set until they end, so idle SKUs of the catalog cost
@@ -152,32 +114,28 @@ impl Expirer {
         let keys = self.store.keys(sku);
         let mut expired = 0;
         loop {
-            let mut inv = SCRIPTS.expire_holds.prepare_invoke();
-            for k in keys.lifecycle() {
-                inv.key(k);
-            }
-            inv.key(keys.expiry_lease())
-                .arg(self.owner.to_string())
-                .arg(LEASE_MS)
-                .arg(BATCH)
-                .arg(self.store.floor(sku));
             let mut con = self.store.hot();
-            let reply: Vec<i64> = self
+            let lags = self
                 .store
-                .bounded(async { Ok(inv.invoke_async(&mut con).await?) })
+                .bounded(scripts::lifecycle::expire_holds(
+                    &mut con,
+                    &keys,
+                    &self.owner,
+                    LEASE_MS,
+                    BATCH,
+                    self.store.floor(sku),
+                ))
                 .await?;
-            let Some((&n, lags)) = reply.split_first() else {
-                return Ok(expired);
-            };
-            if n <= 0 {
+            let n = lags.len();
+            if n == 0 {
                 return Ok(expired);
             }
             for lag in lags {
-                histogram!(EXPIRY_LAG).record(*lag as f64 / 1000.0);
+                histogram!(EXPIRY_LAG).record(lag as f64 / 1000.0);
             }
             counter!(HOLDS, "outcome" => "expired").increment(n as u64);
-            expired += n as usize;
-            if (n as usize) < BATCH {
+            expired += n;
+            if n < BATCH {
                 return Ok(expired);
             }
         }

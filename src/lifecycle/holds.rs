@@ -4,50 +4,17 @@
 
 use uuid::Uuid;
 
-use super::records::{claim_in_call_record, Hold};
-use super::status::ClaimStatus;
+use super::records::{call_record_expiry, claim_in_call_record, Hold};
+use super::rows::{self, ClaimRow};
 use super::{sku_of, LifecycleError};
 use crate::catalog::Catalog;
 use crate::error::StoreError;
-use crate::ledger::{self, ClaimRow};
-use crate::scripts::SCRIPTS;
+use crate::scripts;
+use crate::status::ClaimStatus;
 use crate::store::Store;
 
-/// What a buyer asked of a hold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HoldOp {
-    Confirm,
-    Cancel,
-}
-
-impl HoldOp {
-    fn arg(self) -> &'static str {
-        match self {
-            HoldOp::Confirm => "confirm",
-            HoldOp::Cancel => "cancel",
-        }
-    }
-
-    /// The status the operation leads to.
-    pub fn target(self) -> ClaimStatus {
-        match self {
-            HoldOp::Confirm => ClaimStatus::Confirmed,
-            HoldOp::Cancel => ClaimStatus::Cancelled,
-        }
-    }
-}
-
-/// The answer to a confirm or cancel. Business outcomes, not errors.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HoldAnswer {
-    /// Not a claim of this caller's (or no claim at all).
-    NotFound,
-    /// The claim is now (or was already) in the operation's status.
-    Done,
-    /// The claim already ended otherwise: its status (`cancelled`, `expired`, `confirmed`,
-    /// `compensated`, or `issued` for a claim that was final at once).
-    Refused(ClaimStatus),
-}
+// The script's answers, named here where the HTTP layer asks for them.
+pub use crate::scripts::lifecycle::{HoldAnswer, HoldOp};
 
 /// The claim as `GET /v1/claims/{id}` shows it: the ledger's row, with a hold's status as
 /// Redis has it when Redis is ahead of the writer, or Redis's record before the writer has
@@ -60,7 +27,7 @@ pub async fn find_claim(
     catalog: &Catalog,
     id: Uuid,
 ) -> Result<Option<ClaimRow>, LifecycleError> {
-    let row = ledger::find_claim(catalog.db(), id).await?;
+    let row = rows::find_claim(catalog.db(), id).await?;
     if let Some(r) = &row {
         if r.status != ClaimStatus::Held {
             return Ok(row);
@@ -99,16 +66,31 @@ pub async fn find_claim(
             expires_at: chrono::DateTime::from_timestamp_millis(h.expires_ms),
             created_at,
         },
-        (None, Some((quantity, user))) => ClaimRow {
-            claim_id: id,
-            sku: sku.sku.clone(),
-            user,
-            quantity,
-            status: ClaimStatus::Issued,
-            expires_at: None,
-            created_at,
-        },
-        (None, None) => return Ok(ledger::find_claim(catalog.db(), id).await?),
+        // Without its hold record, a held win is told as its call answered it, unless the
+        // ledger has it by now. The writer drops a hold's record only once `issuances` holds
+        // its final status, and the ledger's first read may be older than that drop (the
+        // writer committed in between): read again after Redis, or an ended hold would read
+        // `held` again after a reading of its end (MODEL_SEED=12045509090149232370).
+        (None, Some((quantity, user))) => {
+            if let Some(row) = rows::find_claim(catalog.db(), id).await? {
+                return Ok(Some(row));
+            }
+            let expires_ms = record.as_deref().and_then(call_record_expiry);
+            ClaimRow {
+                claim_id: id,
+                sku: sku.sku.clone(),
+                user,
+                quantity,
+                status: if expires_ms.is_some() {
+                    ClaimStatus::Held
+                } else {
+                    ClaimStatus::Issued
+                },
+                expires_at: expires_ms.and_then(chrono::DateTime::from_timestamp_millis),
+                created_at,
+            }
+        }
+        (None, None) => return Ok(rows::find_claim(catalog.db(), id).await?),
     };
     Ok(Some(claim))
 }
@@ -123,21 +105,18 @@ async fn decide_on(
     op: HoldOp,
 ) -> Result<Option<HoldAnswer>, LifecycleError> {
     let keys = store.keys(name);
-    let mut inv = SCRIPTS.decide_hold.prepare_invoke();
-    for k in keys.lifecycle() {
-        inv.key(k);
-    }
-    inv.arg(op.arg())
-        .arg(id.to_string())
-        .arg(caller.unwrap_or(""))
-        .arg(store.floor(name));
     let mut con = store.hot();
-    let call = store.bounded(async { Ok(inv.invoke_async(&mut con).await?) });
-    let (code, status, _expires): (i64, String, i64) =
-        crate::activity::with_mark(store, name, call).await?;
-    match code {
-        1 => {
-            super::expiry::count_decision(op.target().as_str());
+    let call = store.bounded(scripts::lifecycle::decide_hold(
+        &mut con,
+        &keys,
+        op,
+        &id,
+        caller,
+        store.floor(name),
+    ));
+    match crate::activity::with_mark(store, name, call).await? {
+        HoldAnswer::Done => {
+            crate::metrics::hold_decided(op.target().as_str());
             // Answered only once the replicas hold it, as a win is (src/claims/call.rs): without
             // that a failover could undo it, so its outcome is as unknown as a timeout's;
             // the client's retry is idempotent and answers from what Redis then holds.
@@ -147,13 +126,8 @@ async fn decide_on(
             }
             Ok(Some(HoldAnswer::Done))
         }
-        2 => match status.parse() {
-            Ok(status) => Ok(Some(HoldAnswer::Refused(status))),
-            Err(e) => Err(StoreError::Protocol(format!("decide_hold.lua: {e}")).into()),
-        },
-        -1 => Err(StoreError::SkuLost.into()),
-        -3 => Err(StoreError::Stale.into()),
-        _ => Ok(None),
+        HoldAnswer::NotFound => Ok(None),
+        refused => Ok(Some(refused)),
     }
 }
 
@@ -219,7 +193,7 @@ pub async fn decide(
     // Redis holds no hold of this id: the ledger has its final status, or it is no hold. A
     // claim final at once that the writer has not written yet is its owner's all the same
     // (GET finds it by its call record): it is confirmed already and cannot be cancelled.
-    let row = match ledger::find_claim(catalog.db(), id).await? {
+    let row = match rows::find_claim(catalog.db(), id).await? {
         Some(row) => row,
         None => match find_claim(store, catalog, id).await? {
             Some(row) => row,

@@ -11,8 +11,7 @@
 pub mod expiry;
 pub mod holds;
 pub(crate) mod records;
-pub mod restore;
-pub mod status;
+pub mod rows;
 pub mod waitlist;
 
 use std::sync::Arc;

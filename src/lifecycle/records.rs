@@ -1,7 +1,7 @@
 //! The Redis records of holds and waitlist entries, as `lua/lib/lifecycle.lua` packs them, and
 //! the call record claim.lua keeps for read-backs.
 
-use super::status::{ClaimStatus, EntryStatus};
+use crate::status::{ClaimStatus, EntryStatus};
 
 /// "status|quantity|expires_ms|offer(0/1)|len(user)|user".
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,9 +61,11 @@ impl Entry {
 /// Claim `index` of a call, as claim.lua's call record has it: (quantity, user), or `None`
 /// when the call's record does not hold it (the claim did not win, or the record is a
 /// resolver's "void" fence). The record is "<stock before>|" then the call's winners, each
-/// "index|quantity|len(user)|user", concatenated.
+/// "index|quantity|len(user)|user", concatenated ("<stock before>:<expires_ms>|" on a SKU that
+/// holds its claims).
 pub fn claim_in_call_record(raw: &str, index: usize) -> Option<(i32, String)> {
-    let (stock, mut rest) = raw.split_once('|')?;
+    let (head, mut rest) = raw.split_once('|')?;
+    let stock = head.split_once(':').map_or(head, |(s, _)| s);
     let _stock: i64 = stock.parse().ok()?;
     while !rest.is_empty() {
         let mut it = rest.splitn(4, '|');
@@ -78,6 +80,12 @@ pub fn claim_in_call_record(raw: &str, index: usize) -> Option<(i32, String)> {
         rest = tail.get(len..)?;
     }
     None
+}
+
+/// The hold expiry a call record carries (a call decided on a SKU that holds its claims).
+pub fn call_record_expiry(raw: &str) -> Option<i64> {
+    let (head, _) = raw.split_once('|')?;
+    head.split_once(':')?.1.parse().ok()
 }
 
 #[cfg(test)]
@@ -96,6 +104,10 @@ mod tests {
         assert_eq!(claim_in_call_record(call, 3), Some((2, "a|b".into())));
         assert_eq!(claim_in_call_record(call, 1), None);
         assert_eq!(claim_in_call_record("void", 0), None);
+        let held = "42:1700|0|1|2|u|";
+        assert_eq!(claim_in_call_record(held, 0), Some((1, "u|".into())));
+        assert_eq!(call_record_expiry(held), Some(1700));
+        assert_eq!(call_record_expiry(call), None);
         assert!(Hold::parse("held|2|1700|0|9|u").is_none());
     }
 }

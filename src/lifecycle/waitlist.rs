@@ -7,12 +7,15 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::records::{Entry, Hold};
-use super::status::EntryStatus;
 use super::{sku_of, LifecycleError};
 use crate::catalog::{Catalog, Sku};
 use crate::error::StoreError;
-use crate::scripts::SCRIPTS;
+use crate::scripts;
+use crate::status::EntryStatus;
 use crate::store::Store;
+
+// The scripts' answers, named here where the HTTP layer asks for them.
+pub use crate::scripts::lifecycle::{Joined, Left};
 
 /// A waitlist entry as `GET /v1/waitlist/{entry_id}` shows it.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq, sqlx::FromRow)]
@@ -28,25 +31,6 @@ pub struct EntryView {
     pub claim_id: Option<Uuid>,
     /// When the offer lapses, while offered.
     pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
-}
-
-/// What a join did. Business outcomes, not errors.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Joined {
-    /// A new entry, with its place in line.
-    New {
-        entry_id: Uuid,
-        position: i64,
-    },
-    /// The user's live entry (waiting, or offered: position 0).
-    Existing {
-        entry_id: Uuid,
-        position: i64,
-    },
-    InStock,
-    LimitReached,
-    NotOpen,
-    Closed,
 }
 
 /// Joins the SKU's waitlist for `user`.
@@ -65,47 +49,29 @@ pub async fn join(store: &Store, sku: &Sku, user: &str) -> Result<Joined, Lifecy
     };
     let name = sku.layout.name(&sku.sku, home);
     let keys = store.keys(&name);
-    let mut inv = SCRIPTS.join_waitlist.prepare_invoke();
-    for k in keys.lifecycle() {
-        inv.key(k);
-    }
-    inv.arg(crate::ids::mint(sku.tag).to_string())
-        .arg(user)
-        .arg(if check.is_some_and(|c| c.in_stock_elsewhere) {
-            "1"
-        } else {
-            "0"
-        })
-        .arg(check.map_or(String::new(), |c| c.ticket.to_string()))
-        .arg(store.floor(&name));
+    let entry_id = crate::ids::mint(sku.tag);
     let mut con = store.hot();
-    let call = store.bounded(async { Ok(inv.invoke_async(&mut con).await?) });
-    let (code, id, mut position): (i64, String, i64) =
-        crate::activity::with_mark(store, &name, call).await?;
-    if sku.layout.is_sharded() && position > 0 {
-        // The script counts its own line; the buyer's place is in the SKU's.
-        position = sku_position(store, sku, home, &id)
-            .await
-            .unwrap_or(position);
+    let call = store.bounded(scripts::lifecycle::join_waitlist(
+        &mut con,
+        &keys,
+        &entry_id,
+        user,
+        check.is_some_and(|c| c.in_stock_elsewhere),
+        check.map(|c| c.ticket),
+        store.floor(&name),
+    ));
+    let mut joined = crate::activity::with_mark(store, &name, call).await?;
+    if let Joined::New { entry_id, position } | Joined::Existing { entry_id, position } =
+        &mut joined
+    {
+        if sku.layout.is_sharded() && *position > 0 {
+            // The script counts its own line; the buyer's place is in the SKU's.
+            *position = sku_position(store, sku, home, &entry_id.to_string())
+                .await
+                .unwrap_or(*position);
+        }
     }
-    let entry_id =
-        || Uuid::parse_str(&id).map_err(|_| StoreError::Protocol(format!("join: entry {id:?}")));
-    Ok(match code {
-        1 => Joined::New {
-            entry_id: entry_id()?,
-            position,
-        },
-        2 => Joined::Existing {
-            entry_id: entry_id()?,
-            position,
-        },
-        3 => Joined::InStock,
-        4 => Joined::LimitReached,
-        5 => Joined::NotOpen,
-        6 => Joined::Closed,
-        -3 => return Err(StoreError::Stale.into()),
-        _ => return Err(StoreError::SkuLost.into()),
-    })
+    Ok(joined)
 }
 
 /// The entry, if it is `caller`'s (`None`: the admin): from Redis while it is live there, else
@@ -228,16 +194,6 @@ async fn from_ledger(
     .map_err(crate::error::DbError::from)?)
 }
 
-/// What a leave did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Left {
-    NotFound,
-    /// The entry has left (now or before); an offer it held was declined.
-    Left,
-    /// The entry had already ended (claimed, expired): nothing changed.
-    Ended,
-}
-
 /// Takes `caller`'s entry out of the line.
 ///
 /// # Errors
@@ -251,24 +207,18 @@ pub async fn leave(
     if let Some(sku) = sku_of(catalog, &entry_id).await? {
         for name in entry_shards(&sku, caller) {
             let keys = store.keys(&name);
-            let mut inv = SCRIPTS.leave_waitlist.prepare_invoke();
-            for k in keys.lifecycle() {
-                inv.key(k);
-            }
-            inv.arg(entry_id.to_string())
-                .arg(caller.unwrap_or(""))
-                .arg(store.floor(&name));
             let mut con = store.hot();
-            let call = store.bounded(async { Ok(inv.invoke_async(&mut con).await?) });
-            let (code, _status): (i64, String) =
-                crate::activity::with_mark(store, &name, call).await?;
-            match code {
-                1 => return Ok(Left::Left),
-                2 => return Ok(Left::Ended),
-                -1 => return Err(StoreError::SkuLost.into()),
-                -3 => return Err(StoreError::Stale.into()),
+            let call = store.bounded(scripts::lifecycle::leave_waitlist(
+                &mut con,
+                &keys,
+                &entry_id,
+                caller,
+                store.floor(&name),
+            ));
+            match crate::activity::with_mark(store, &name, call).await? {
                 // Not on this shard (or not the caller's): the next, then the ledger.
-                _ => {}
+                Left::NotFound => {}
+                done => return Ok(done),
             }
         }
     }

@@ -16,8 +16,9 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::app::AppState;
+use crate::catalog::Catalog;
 use crate::ledger::{self, SkuView};
+use crate::store::Store;
 pub use stats::{ClaimStats, Counts};
 
 /// SKUs shown at most: the SKUs this gateway answered claims for first, then the catalog in
@@ -67,6 +68,13 @@ pub struct SkuFrame {
     pub journal_lag_seconds: Option<f64>,
 }
 
+/// What a frame reads: this gateway's claim counts, the catalog and Redis.
+pub struct Sources<'a> {
+    pub live: &'a Live,
+    pub store: &'a Store,
+    pub catalog: &'a Catalog,
+}
+
 /// One open stream's memory: the counts of the previous frame, for rates.
 #[derive(Default)]
 pub struct Watch {
@@ -78,7 +86,7 @@ pub struct Watch {
 impl Watch {
     /// The next frame: reads this gateway's claim counts, the catalog, and each shown SKU's
     /// view and journal head. SKUs come most active first (see [`order`]).
-    pub async fn frame(&mut self, state: &AppState) -> Frame {
+    pub async fn frame(&mut self, state: &Sources<'_>) -> Frame {
         let now = std::time::Instant::now();
         let elapsed = self
             .last_at
@@ -100,7 +108,7 @@ impl Watch {
         for sku in skus {
             let current = counts.get(&sku).cloned().unwrap_or_default();
             let delta = deltas.get(&sku).cloned().unwrap_or_default();
-            let view = ledger::view(&state.store, &state.catalog, &sku).await.ok();
+            let view = ledger::view(state.store, state.catalog, &sku).await.ok();
             out.push(SkuFrame {
                 claims_per_second: delta.rates(elapsed),
                 claims_total: current.totals(),
@@ -123,7 +131,7 @@ impl Watch {
 /// The SKUs to show, [`MAX_SKUS`] at most: those this gateway answered claims for, most active
 /// first ([`order`]), then the catalog's first ones in id order.
 async fn active_skus(
-    state: &AppState,
+    state: &Sources<'_>,
     counts: &HashMap<String, Counts>,
     deltas: &HashMap<&String, Counts>,
 ) -> Vec<String> {
@@ -169,10 +177,10 @@ fn order(
 /// of its own, src/shards/): a journal holds only winners not yet written (it is trimmed below
 /// the oldest unacknowledged entry), and an entry id starts with the millisecond Redis added
 /// it. 0 when none waits; `None` when Redis does not answer for some shard.
-async fn journal_lag(state: &AppState, sku: &str) -> Option<f64> {
+async fn journal_lag(state: &Sources<'_>, sku: &str) -> Option<f64> {
     let layout = match state.catalog.get(sku).await {
         Ok(Some(entry)) => entry.layout,
-        _ => crate::shards::Layout::SINGLE,
+        _ => crate::layout::Layout::SINGLE,
     };
     let mut lag: f64 = 0.0;
     for name in layout.names(sku) {
@@ -181,7 +189,7 @@ async fn journal_lag(state: &AppState, sku: &str) -> Option<f64> {
     Some(lag)
 }
 
-async fn shard_journal_lag(state: &AppState, name: &str) -> Option<f64> {
+async fn shard_journal_lag(state: &Sources<'_>, name: &str) -> Option<f64> {
     let key = state.store.keys(name).journal();
     let mut con = state.store.hot();
     let head: Vec<(String, HashMap<String, redis::Value>)> = state
@@ -202,5 +210,5 @@ async fn shard_journal_lag(state: &AppState, name: &str) -> Option<f64> {
         return Some(0.0);
     };
     let added_ms: i64 = id.split('-').next()?.parse().ok()?;
-    Some(((crate::claims::now_ms() - added_ms).max(0)) as f64 / 1000.0)
+    Some(((crate::clock::now_ms() - added_ms).max(0)) as f64 / 1000.0)
 }

@@ -11,7 +11,7 @@ use super::*;
 /// Describes every process-wide family and registers it at zero (see the module docs). The
 /// per-SKU gauges appear with the first round of [`crate::observe`].
 pub(super) fn all() {
-    crate::lifecycle::expiry::register_metrics();
+    lifecycle();
     describe_counter!(
         CLAIMS,
         "Claims answered, by outcome (decisions, and 429/503 answers)"
@@ -169,7 +169,7 @@ pub(super) fn all() {
         SKU_UNWRITTEN,
         "Journal entries of the SKU carrying a win or a change the ledger does not hold yet (0: the ledger has caught up, whatever in_flight nets to); NaN when Redis cannot tell"
     );
-    crate::queue::admit::register_metrics();
+    queue();
 }
 
 /// The outbox relay's families (`src/outbox/relay.rs`): every gateway runs a relay when
@@ -205,4 +205,49 @@ fn outbox() {
         "Outbox events a relay could not publish in a round (NATS unreachable, no stream, no acknowledgement in time); retried next round"
     );
     counter!(OUTBOX_PUBLISH_FAILURES).increment(0);
+}
+
+/// The lifecycle's families (src/lifecycle/): holds by outcome, their expiry lag, waitlist
+/// offers.
+fn lifecycle() {
+    describe_counter!(
+        HOLDS,
+        "Holds by outcome: created (a held win), confirmed, cancelled, expired"
+    );
+    for outcome in ["created", "confirmed", "cancelled", "expired"] {
+        counter!(HOLDS, "outcome" => outcome).increment(0);
+    }
+    describe_histogram!(
+        EXPIRY_LAG,
+        "How long after its expires_at a hold was expired (Redis's clock), in seconds"
+    );
+    let _registered = histogram!(EXPIRY_LAG);
+    describe_counter!(
+        OFFERS,
+        "Waitlist offers, by result: made, taken (confirmed), lapsed (expired or declined); counted as the writer records them"
+    );
+    for result in ["made", "taken", "lapsed"] {
+        counter!(OFFERS, "result" => result).increment(0);
+    }
+}
+
+/// Describes the worker's families and registers them at zero. They sum the SKUs this
+/// gateway admits now (each SKU's own line and admissions are in its SKU view, `queue`): a
+/// label per SKU would leave a series behind on every gateway that once held a SKU's lease.
+fn queue() {
+    describe_gauge!(
+        QUEUE_WAITING,
+        "Tickets in the lines (pre-queue included) of the queued SKUs this gateway admits, as its last rounds read them"
+    );
+    gauge!(QUEUE_WAITING).set(0.0);
+    describe_counter!(
+        QUEUE_ADMITTED,
+        "Tickets this gateway admitted from queued SKUs' lines (sum(rate()) over the gateways is the admitted per second)"
+    );
+    counter!(QUEUE_ADMITTED).increment(0);
+    describe_gauge!(
+        QUEUE_LAG,
+        "Longest time between this gateway's last two admission rounds of a SKU it admits (Redis's clock), in seconds: 0.05 when healthy; a stall that kept a line waiting shows here"
+    );
+    gauge!(QUEUE_LAG).set(0.0);
 }

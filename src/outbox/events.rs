@@ -13,7 +13,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::lifecycle::status::ClaimStatus;
+use crate::status::ClaimStatus;
 
 /// What happened to a claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

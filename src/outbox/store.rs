@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use super::events::{EventKind, OutboxRow};
 use crate::error::DbError;
-use crate::lifecycle::status::ClaimStatus;
+use crate::status::ClaimStatus;
 
 /// An event to record in the caller's transaction.
 #[derive(Debug)]

@@ -12,11 +12,12 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use metrics::{counter, describe_counter, describe_gauge, gauge};
+use metrics::{counter, gauge};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use super::calls::{self, Round};
+use crate::metrics::{QUEUE_ADMITTED as ADMITTED, QUEUE_LAG as LAG, QUEUE_WAITING as WAITING};
 use crate::repeats::{self, Repeats};
 use crate::store::Store;
 
@@ -32,31 +33,6 @@ const FOLLOW: Duration = Duration::from_millis(500);
 const REFRESH: Duration = Duration::from_secs(2);
 /// Most tickets one round admits (a round's script stays short).
 const MOST_PER_ROUND: u32 = 2000;
-
-const WAITING: &str = "dropgate_queue_waiting";
-const ADMITTED: &str = "dropgate_queue_admitted_total";
-const LAG: &str = "dropgate_queue_admission_lag_seconds";
-
-/// Describes the worker's families and registers them at zero. They sum the SKUs this
-/// gateway admits now (each SKU's own line and admissions are in its SKU view, `queue`): a
-/// label per SKU would leave a series behind on every gateway that once held a SKU's lease.
-pub fn register_metrics() {
-    describe_gauge!(
-        WAITING,
-        "Tickets in the lines (pre-queue included) of the queued SKUs this gateway admits, as its last rounds read them"
-    );
-    gauge!(WAITING).set(0.0);
-    describe_counter!(
-        ADMITTED,
-        "Tickets this gateway admitted from queued SKUs' lines (sum(rate()) over the gateways is the admitted per second)"
-    );
-    counter!(ADMITTED).increment(0);
-    describe_gauge!(
-        LAG,
-        "Longest time between this gateway's last two admission rounds of a SKU it admits (Redis's clock), in seconds: 0.05 when healthy; a stall that kept a line waiting shows here"
-    );
-    gauge!(LAG).set(0.0);
-}
 
 /// A queued SKU's catalog columns: sku, rate, ttl, pre-queue start.
 type QueuedRow = (
@@ -126,6 +102,7 @@ impl Admitter {
                         LEASE.as_millis() as u64,
                         MOST_PER_ROUND,
                         false,
+                        self.store.floor(sku),
                     ))
                     .await;
                 match round {
@@ -165,7 +142,15 @@ impl Admitter {
                 let keys = self.store.keys(sku);
                 let _ = self
                     .store
-                    .bounded(calls::admit(&mut con, &keys, &owner, 0, 0, true))
+                    .bounded(calls::admit(
+                        &mut con,
+                        &keys,
+                        &owner,
+                        0,
+                        0,
+                        true,
+                        self.store.floor(sku),
+                    ))
                     .await;
             }
         }

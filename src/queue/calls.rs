@@ -7,13 +7,15 @@ use uuid::Uuid;
 
 use crate::error::StoreError;
 use crate::keys::SkuKeys;
+use crate::scripts::Floor;
 use crate::scripts::SCRIPTS;
+use crate::status::TicketState;
 
 /// One ticket as `lua/lib/queue.lua`'s `q_report` reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Report {
-    /// `admitted`, `expired`, `prequeue`, `waiting`, `sold_out`, or `none` (no such ticket).
-    pub state: String,
+    /// The ticket's state (the lifecycle table's), `None`: no such ticket (`'none'`).
+    pub state: Option<TicketState>,
     /// From 1 while waiting (or sold out); 0 otherwise.
     pub position: i64,
     /// When the ticket was admitted (unix ms, Redis's clock); 0 if it was not.
@@ -79,8 +81,15 @@ fn report(items: &[Value]) -> Result<Report, StoreError> {
         return Err(StoreError::Protocol(format!("queue report: {items:?}")));
     }
     let i = |n: usize| int(items.get(n));
+    let state = match text(&items[0]).as_str() {
+        "none" => None,
+        s => Some(
+            s.parse()
+                .map_err(|e| StoreError::Protocol(format!("queue report: {e}")))?,
+        ),
+    };
     Ok(Report {
-        state: text(&items[0]),
+        state,
         position: i(1),
         admitted_ms: i(2),
         now_ms: i(3),
@@ -130,17 +139,19 @@ pub async fn configure<C: ConnectionLike>(
     Ok(r == 1)
 }
 
-/// A visitor's join (see join_queue.lua).
+/// A visitor's join (see join_queue.lua). `floor`: the SKU's (`Store::floor`); a state older
+/// than it is closed and nothing joins.
 ///
 /// # Errors
-/// [`StoreError::SkuLost`] when Redis lost the SKU or its queue (fail closed), or the Redis
-/// error of the call.
+/// [`StoreError::SkuLost`] when Redis lost the SKU or its queue, [`StoreError::Stale`] when
+/// its state is older than the ledger (fail closed either way), or the Redis error of the call.
 pub async fn join<C: ConnectionLike>(
     con: &mut C,
     keys: &SkuKeys,
     ticket: &Uuid,
     shuffle_key: u64,
     visitor: &str,
+    floor: Floor,
 ) -> Result<Joined, StoreError> {
     let mut inv = SCRIPTS.join_queue.prepare_invoke();
     queue_keys(&mut inv, keys);
@@ -149,7 +160,8 @@ pub async fn join<C: ConnectionLike>(
         .arg(shuffle_key)
         .arg(super::JOINS_PER_WINDOW)
         .arg(super::JOIN_WINDOW.as_millis() as u64)
-        .arg(visitor);
+        .arg(visitor)
+        .arg(floor);
     let items = array(inv.invoke_async(con).await?)?;
     match text(&items[0]).as_str() {
         "ok" => Ok(Joined::Ticket {
@@ -160,6 +172,7 @@ pub async fn join<C: ConnectionLike>(
         "closed" => Ok(Joined::Closed),
         "not_open" => Ok(Joined::NotOpen(int(items.get(1)))),
         "lost" => Err(StoreError::SkuLost),
+        "stale" => Err(StoreError::Stale),
         other => Err(StoreError::Protocol(format!("join_queue: {other}"))),
     }
 }
@@ -173,14 +186,18 @@ pub async fn read<C: ConnectionLike>(
     keys: &SkuKeys,
     ticket: &Uuid,
     visitor: &str,
+    floor: Floor,
 ) -> Result<Report, StoreError> {
     let mut inv = SCRIPTS.read_ticket.prepare_invoke();
     queue_keys(&mut inv, keys);
-    inv.arg(ticket.as_bytes().as_slice()).arg(visitor);
+    inv.arg(ticket.as_bytes().as_slice())
+        .arg(visitor)
+        .arg(floor);
     let items = array(inv.invoke_async(con).await?)?;
     match text(&items[0]).as_str() {
         "ok" => report(&items[1..]),
         "lost" => Err(StoreError::SkuLost),
+        "stale" => Err(StoreError::Stale),
         other => Err(StoreError::Protocol(format!("read_ticket: {other}"))),
     }
 }
@@ -196,17 +213,21 @@ pub async fn admit<C: ConnectionLike>(
     lease_ms: u64,
     most: u32,
     release: bool,
+    floor: Floor,
 ) -> Result<Round, StoreError> {
     let mut inv = SCRIPTS.admit_queue.prepare_invoke();
     queue_keys(&mut inv, keys);
     inv.arg(owner)
         .arg(lease_ms)
         .arg(most)
-        .arg(if release { "release" } else { "" });
+        .arg(if release { "release" } else { "" })
+        .arg(floor);
     let items = array(inv.invoke_async(con).await?)?;
     let code = text(&items[0]);
-    if code == "lost" {
-        return Err(StoreError::SkuLost);
+    match code.as_str() {
+        "lost" => return Err(StoreError::SkuLost),
+        "stale" => return Err(StoreError::Stale),
+        _ => {}
     }
     Ok(Round {
         code,

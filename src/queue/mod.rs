@@ -22,6 +22,7 @@ use sqlx::Row;
 
 use crate::auth::AdmissionClaims;
 use crate::config::Secret;
+use crate::status::TicketState;
 
 pub mod admit;
 pub mod calls;
@@ -155,15 +156,14 @@ pub fn eta_seconds(r: &calls::Report, position: i64) -> Option<i64> {
 
 /// How long a visitor's page waits before reading its ticket again: soon near the head, rarely
 /// far back (a million pollers must not cost more than the admissions they wait for).
-pub fn poll_after_ms(state: &str, position: i64, eta: Option<i64>) -> u64 {
+pub fn poll_after_ms(state: TicketState, position: i64, eta: Option<i64>) -> u64 {
     match state {
-        "waiting" => match eta {
+        TicketState::Waiting => match eta {
             Some(s) if s <= 5 || position <= 10 => 500,
             Some(s) if s <= 60 => 1000,
             _ => 3000,
         },
-        "prequeue" => 2000,
-        "sold_out" => 2000,
-        _ => 5000,
+        TicketState::Prequeue | TicketState::SoldOut => 2000,
+        TicketState::Admitted | TicketState::Expired => 5000,
     }
 }

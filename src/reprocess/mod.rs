@@ -20,9 +20,10 @@ use uuid::Uuid;
 
 use crate::config::REPROCESS_BACKOFF_CAP;
 use crate::error::{DbError, StoreError};
-use crate::lifecycle::status::ClaimStatus;
+use crate::keys::SkuKeys;
 use crate::metrics as m;
-use crate::scripts::SCRIPTS;
+use crate::scripts::lifecycle::{fence_parked, give_back_parked, GiveBack, Parked};
+use crate::status::ClaimStatus;
 use crate::store::Store;
 
 mod rows;
@@ -127,7 +128,7 @@ impl Reprocessor {
 
     async fn work(&self, row: &PendingRow) -> Result<(), ReprocessError> {
         let attempt = row.attempts + 1;
-        if self.marker(row, "fence").await? == 0 {
+        if !self.fence(row).await? {
             // Given back by an earlier owner whose PostgreSQL update did not land.
             return self
                 .finish_compensation(row, row.attempts, None, None)
@@ -192,19 +193,17 @@ impl Reprocessor {
         reason: Option<&str>,
     ) -> Result<(), ReprocessError> {
         // The hold's status when its units went back, as Redis had it.
-        let ended = match self.marker(row, "give").await? {
-            code @ (1 | 4) => {
+        let ended = match self.give(row).await? {
+            GiveBack::Given { confirmed } => {
                 m::compensated(i64::from(row.quantity));
                 tracing::warn!(claim_id = %row.claim_id, sku = %row.sku, units = row.quantity,
                     attempts, "claim compensated after its last attempt");
-                (code == 4).then_some(ClaimStatus::Confirmed)
+                confirmed.then_some(ClaimStatus::Confirmed)
             }
             // A hold that had already ended: its units came back then.
-            3 => Some(ClaimStatus::Cancelled),
-            5 => Some(ClaimStatus::Expired),
-            0 => None,
-            -2 => return Ok(()),
-            _ => return Err(StoreError::SkuLost.into()),
+            GiveBack::HoldEnded(status) => Some(status),
+            GiveBack::Already => None,
+            GiveBack::Superseded => return Ok(()),
         };
         self.finish_compensation(row, attempts, reason, ended).await
     }
@@ -256,40 +255,62 @@ impl Reprocessor {
         Ok(())
     }
 
-    /// Runs compensate.lua in `mode` ("fence" or "give") for this process's token.
-    async fn marker(&self, row: &PendingRow, mode: &str) -> Result<i64, StoreError> {
-        // The claim's units and its buyer's count are in the buyer's shard (src/shards/).
+    /// Fences the claim for this process's token (compensate.lua, "fence") on the buyer's
+    /// shard. Returns `false` when it is compensated already.
+    async fn fence(&self, row: &PendingRow) -> Result<bool, StoreError> {
+        let (name, keys) = self.home(row).await?;
+        let floor = self.store.floor(&name);
+        let mut con = self.store.hot();
+        let call = self.store.bounded(fence_parked(
+            &mut con,
+            &keys,
+            parked(row),
+            &self.owner,
+            MARKER_TTL_SECS,
+            floor,
+        ));
+        crate::activity::with_mark(&self.store, &name, call).await
+    }
+
+    /// Gives the claim's units back (compensate.lua, "give") on the buyer's shard, as the
+    /// owner that fenced it last.
+    async fn give(&self, row: &PendingRow) -> Result<GiveBack, StoreError> {
+        let (name, keys) = self.home(row).await?;
+        let floor = self.store.floor(&name);
+        let mut con = self.store.hot();
+        // A compensation gives units back, maybe as an offer to the waitlist's head: a journal
+        // entry and a hold on a SKU that may have left the active set long ago.
+        let call = self.store.bounded(give_back_parked(
+            &mut con,
+            &keys,
+            parked(row),
+            &self.owner,
+            MARKER_TTL_SECS,
+            floor,
+        ));
+        // The mark names the shard the units go back to, whose journal and holds they are.
+        crate::activity::with_mark(&self.store, &name, call).await
+    }
+
+    /// The Redis name of the claim's shard and its keys: its units and its buyer's count are
+    /// in the buyer's shard (src/shards/).
+    async fn home(&self, row: &PendingRow) -> Result<(String, SkuKeys), StoreError> {
         let layout = crate::shards::layout(&self.db, &row.sku)
             .await
             .map_err(|e| StoreError::Unavailable(format!("catalog: {e}")))?;
         let name = layout.name_for_user(&row.sku, &row.user_id);
         let keys = self.store.keys(&name);
-        let marker = keys.compensation(&row.claim_id);
-        let idem = match &row.idempotency_key {
-            Some(k) => keys.idempotency(&row.user_id, k),
-            None => marker.clone(),
-        };
-        let mut inv = SCRIPTS.compensate.prepare_invoke();
-        for k in keys.lifecycle() {
-            inv.key(k);
-        }
-        inv.key(&marker)
-            .key(idem)
-            .arg(mode)
-            .arg(self.owner.to_string())
-            .arg(&row.user_id)
-            .arg(row.quantity)
-            .arg(row.claim_id.to_string())
-            .arg(MARKER_TTL_SECS)
-            .arg(self.store.floor(&name));
-        let mut con = self.store.hot();
-        // A compensation gives units back, maybe as an offer to the waitlist's head: a journal
-        // entry and a hold on a SKU that may have left the active set long ago.
-        let call = self
-            .store
-            .bounded(async { Ok(inv.invoke_async(&mut con).await?) });
-        // The mark names the shard the units go back to, whose journal and holds they are.
-        crate::activity::with_mark(&self.store, &name, call).await
+        Ok((name, keys))
+    }
+}
+
+/// A parked row as compensate.lua takes it.
+fn parked(row: &PendingRow) -> Parked<'_> {
+    Parked {
+        claim_id: row.claim_id,
+        user: &row.user_id,
+        quantity: row.quantity,
+        idempotency_key: row.idempotency_key.as_deref(),
     }
 }
 

@@ -20,8 +20,8 @@ use uuid::Uuid;
 
 use super::PendingRow;
 use crate::error::DbError;
-use crate::lifecycle::status::ClaimStatus;
 use crate::outbox::{self, EventKind, NewEvent};
+use crate::status::ClaimStatus;
 
 /// Records the claim's event at `seq` in the caller's transaction (see [`crate::outbox`]);
 /// `occurred_at` `None` is the transaction's time.

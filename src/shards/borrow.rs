@@ -21,8 +21,8 @@ use dashmap::DashMap;
 
 use super::transfer;
 use super::view::{self, survey, ShardState};
-use super::Layout;
 use crate::error::StoreError;
+use crate::layout::Layout;
 use crate::store::Store;
 
 /// Most units one transfer moves: a donor gives about half its stock, never more than this.

@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 
 use super::line::lease_all;
 use super::transfer::{self, Source};
-use super::Layout;
 use crate::error::StoreError;
-use crate::scripts::SCRIPTS;
+use crate::layout::Layout;
+use crate::scripts;
 use crate::store::Store;
 
 /// Heads read from each line per feed: the most units one feed offers on a shard.
@@ -75,14 +75,7 @@ pub async fn feed(store: &Store, sku: &str, layout: Layout) -> Result<i64, Store
     }
     // Best effort: a lock left behind lapses by itself.
     let unlocked = store
-        .bounded(async {
-            Ok(SCRIPTS
-                .unlock
-                .key(&lock)
-                .arg(&token)
-                .invoke_async::<i64>(&mut con)
-                .await?)
-        })
+        .bounded(scripts::shards::unlock(&mut con, &lock, &token))
         .await;
     if let Err(e) = unlocked {
         tracing::debug!(sku, error = %e, "could not release the feed lock; it lapses");
@@ -218,36 +211,18 @@ enum PoolOp {
 /// offered or released.
 async fn pool_script(store: &Store, name: &str, op: PoolOp) -> Result<i64, StoreError> {
     let keys = store.keys(name);
-    let mut inv = match op {
-        PoolOp::Offer(units) => {
-            let mut inv = SCRIPTS.offer_pool.prepare_invoke();
-            inv.arg(units).arg("0").arg(store.floor(name));
-            inv
-        }
-        PoolOp::Gather => {
-            let mut inv = SCRIPTS.offer_pool.prepare_invoke();
-            inv.arg(0).arg("1").arg(store.floor(name));
-            inv
-        }
-        PoolOp::Release => {
-            let mut inv = SCRIPTS.release_pool.prepare_invoke();
-            inv.arg(store.floor(name));
-            inv
-        }
-    };
-    for k in keys.lifecycle() {
-        inv.key(k);
-    }
+    let floor = store.floor(name);
     let mut con = store.hot();
-    let call = store.bounded(async { Ok(inv.invoke_async(&mut con).await?) });
-    let (code, units): (i64, i64) = crate::activity::with_mark(store, name, call).await?;
-    match (op, code) {
-        (PoolOp::Release, 0) => Ok(0),
-        (PoolOp::Release, 1) => Ok(units),
-        (PoolOp::Offer(_) | PoolOp::Gather, n) if n >= 0 => Ok(n),
-        (_, -3) => Err(StoreError::Stale),
-        _ => Err(StoreError::SkuLost),
-    }
+    let call = store.bounded(async {
+        match op {
+            PoolOp::Offer(units) => {
+                scripts::shards::offer_pool(&mut con, &keys, units, false, floor).await
+            }
+            PoolOp::Gather => scripts::shards::offer_pool(&mut con, &keys, 0, true, floor).await,
+            PoolOp::Release => scripts::shards::release_pool(&mut con, &keys, floor).await,
+        }
+    });
+    crate::activity::with_mark(store, name, call).await
 }
 
 #[cfg(test)]

@@ -35,9 +35,9 @@ use std::time::Duration;
 
 use super::transfer;
 use super::view::survey;
-use super::Layout;
 use crate::error::StoreError;
-use crate::scripts::SCRIPTS;
+use crate::layout::Layout;
+use crate::scripts::{self, shards::LineLease};
 use crate::store::Store;
 
 /// How long a line lease lasts after the join or feed that set it. Longer than a join takes
@@ -102,13 +102,6 @@ pub async fn before_join(
     })
 }
 
-/// One shard's answer to `line_lease.lua`.
-pub(super) struct Leased {
-    pub(super) stock: i64,
-    pending: i64,
-    ticket: i64,
-}
-
 /// Sets the line lease on every shard of `sku` (all in flight together); with `ticket`, also
 /// takes a join ticket from shard 0.
 pub(super) async fn lease_all(
@@ -116,34 +109,21 @@ pub(super) async fn lease_all(
     sku: &str,
     layout: Layout,
     ticket: bool,
-) -> Result<Vec<Leased>, StoreError> {
+) -> Result<Vec<LineLease>, StoreError> {
     let calls = (0..layout.count() as u16).map(|i| async move {
         let name = layout.name(sku, i);
         let keys = store.keys(&name);
         let floor = store.floor(&name);
         let mut con = store.hot();
-        let (code, stock, pending, t): (i64, i64, i64, i64) = store
-            .bounded(async {
-                Ok(SCRIPTS
-                    .line_lease
-                    .key(keys.state())
-                    .key(keys.transfers())
-                    .arg(LEASE.as_millis() as u64)
-                    .arg(if ticket && i == 0 { "1" } else { "0" })
-                    .arg(floor)
-                    .invoke_async(&mut con)
-                    .await?)
-            })
-            .await?;
-        match code {
-            1 => Ok(Leased {
-                stock,
-                pending,
-                ticket: t,
-            }),
-            -3 => Err(StoreError::Stale),
-            _ => Err(StoreError::SkuLost),
-        }
+        store
+            .bounded(scripts::shards::line_lease(
+                &mut con,
+                &keys,
+                LEASE.as_millis() as u64,
+                ticket && i == 0,
+                floor,
+            ))
+            .await
     });
     futures_util::future::try_join_all(calls).await
 }

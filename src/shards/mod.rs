@@ -30,38 +30,17 @@
 //! each shard's high-water mark is kept apart (`skus.redis_seq` for shard 0,
 //! `sku_shard_marks` for the others).
 
-use xxhash_rust::xxh3::xxh3_64;
-
 pub mod borrow;
 pub mod feed;
-pub mod layout;
 pub mod line;
-pub mod marks;
 pub mod placement;
 pub mod recovery;
 pub mod transfer;
 pub mod view;
 
-pub use layout::Layout;
-
-/// Most shards a SKU may have.
-pub const MAX_SHARDS: i32 = 16;
-/// Bits of a shard's own sequence space: 2^36 state changes per shard, and the highest
-/// sequence (16 << 36, about 1.1e12) stays far below 10^14, past which Lua would print a
-/// number in exponent form.
-const SEQ_SHIFT: u32 = 36;
-/// How long a recipient remembers that it applied a transfer: far longer than a transfer can
-/// stay pending while any gateway runs (the recovery task finishes one within seconds).
-pub const TRANSFER_RECORD_TTL_SECS: u64 = 7 * 24 * 3600;
-
-/// The shard a buyer's claims go to: xxh3 of the user id, modulo the shard count. xxh3's
-/// output is specified, so every gateway of every version and platform routes a user alike.
-pub fn shard_of_user(user: &str, shards: i32) -> u16 {
-    if shards <= 1 {
-        return 0;
-    }
-    (xxh3_64(user.as_bytes()) % shards as u64) as u16
-}
+// The layout and the routing are the core's (src/layout.rs): named here too, as the shards'
+// face.
+pub use crate::layout::{seq_base, shard_of_user, split_total, Layout, MAX_SHARDS};
 
 /// The layout of `sku` in the catalog: its shard count and placement salts (one shard for a
 /// SKU it does not hold).
@@ -74,57 +53,4 @@ pub async fn layout(db: &sqlx::PgPool, sku: &str) -> Result<Layout, crate::error
         .fetch_optional(db)
         .await?;
     Ok(row.unwrap_or(Layout::SINGLE))
-}
-
-/// The first state sequence of shard `shard`.
-pub fn seq_base(shard: u16) -> i64 {
-    i64::from(shard) << SEQ_SHIFT
-}
-
-/// A declared total split over the shards: evenly, the remainder to the lowest shards.
-pub fn split_total(total: i64, shards: i32) -> Vec<i64> {
-    let n = i64::from(shards.max(1));
-    (0..n)
-        .map(|i| total / n + i64::from(i < total % n))
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_total_is_split_evenly_with_the_remainder_to_the_lowest_shards() {
-        assert_eq!(split_total(10, 3), vec![4, 3, 3]);
-        assert_eq!(split_total(2, 3), vec![1, 1, 0]);
-        assert_eq!(split_total(7, 1), vec![7]);
-        assert_eq!(split_total(0, 4), vec![0, 0, 0, 0]);
-    }
-
-    #[test]
-    fn routing_is_stable_and_spreads_users_over_every_shard() {
-        assert_eq!(shard_of_user("u-1", 1), 0);
-        let first: Vec<u16> = (0..8)
-            .map(|i| shard_of_user(&format!("u-{i}"), 3))
-            .collect();
-        let again: Vec<u16> = (0..8)
-            .map(|i| shard_of_user(&format!("u-{i}"), 3))
-            .collect();
-        assert_eq!(first, again);
-        // Pinned: xxh3 is specified, so these never change across versions and platforms; a
-        // change here would move every buyer's count to another shard mid-drop.
-        assert_eq!(xxh3_64(b"u-1"), 0xea72_db3c_4998_47f0);
-        assert_eq!(first, vec![1, 2, 2, 1, 1, 1, 2, 0]);
-        let mut seen = [0usize; 3];
-        for i in 0..3000 {
-            seen[usize::from(shard_of_user(&format!("user-{i}"), 3))] += 1;
-        }
-        assert!(seen.iter().all(|&n| (800..1200).contains(&n)), "{seen:?}");
-    }
-
-    #[test]
-    fn shard_sequences_never_meet() {
-        assert_eq!(seq_base(0), 0);
-        assert!(seq_base(15) + (1 << SEQ_SHIFT) < 100_000_000_000_000);
-    }
 }

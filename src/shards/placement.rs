@@ -7,7 +7,7 @@
 //! ([`crate::keys::shard_name`]), and the salt is the smallest one whose name hashes to a slot
 //! of the master chosen for the shard ([`choose`]). The salts are stored in the SKU's catalog
 //! row by the INSERT that creates it, and every gateway names the shards from that row
-//! ([`super::Layout`]): a slot map read later, or by another gateway, never renames a shard.
+//! ([`crate::layout::Layout`]): a slot map read later, or by another gateway, never renames a shard.
 //!
 //! Shard 0 is the SKU itself and stays where `{sku}` hashes. Each next shard goes to the master
 //! holding the fewest of this SKU's shards so far, so n shards on m masters spread evenly
@@ -21,9 +21,9 @@
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::Value;
 
-use super::Layout;
 use crate::error::StoreError;
 use crate::keys::shard_name;
+use crate::layout::Layout;
 use crate::store::{RedisConn, Store};
 
 /// Hash slots of a Redis Cluster.

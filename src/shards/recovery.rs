@@ -11,8 +11,8 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use super::transfer;
-use super::Layout;
 use crate::error::{DbError, StoreError};
+use crate::layout::Layout;
 use crate::store::Store;
 
 /// How often the pending transfers of the sharded SKUs are looked at.
@@ -70,7 +70,7 @@ impl Recovery {
         .fetch_all(&self.db)
         .await
         .map_err(DbError::from)?;
-        let before = crate::claims::now_ms() - older_than.as_millis() as i64;
+        let before = crate::clock::now_ms() - older_than.as_millis() as i64;
         let mut finished = 0;
         for (sku, shards, salts) in skus {
             let layout = Layout::stored(shards, &salts);

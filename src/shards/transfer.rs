@@ -5,7 +5,7 @@
 //!    `transfer_out` field and records `id -> units|recipient|generation|created_ms` in its
 //!    pending transfers;
 //! 2. `transfer_in.lua` on the recipient gives them back once per id (a record of the applied
-//!    id, kept [`super::TRANSFER_RECORD_TTL_SECS`]): through `give_back` (its pool under a
+//!    id, kept [`crate::scripts::shards::TRANSFER_RECORD_TTL_SECS`]): through `give_back` (its pool under a
 //!    line lease, src/shards/line.rs; else its line's head first, the rest to its stock), or
 //!    into its pool when they came from the donor's ([`Source::Pool`]);
 //! 3. `finish_transfer.lua` on the donor removes the pending record and the units from
@@ -20,12 +20,15 @@
 
 use uuid::Uuid;
 
-use super::Layout;
 use crate::error::StoreError;
 use crate::keys::SkuKeys;
+use crate::layout::Layout;
 use crate::metrics as m;
-use crate::scripts::SCRIPTS;
+use crate::scripts;
 use crate::store::Store;
+
+// The scripts' words for a transfer's source and step 1's answer.
+pub use crate::scripts::shards::{Source, Taken};
 
 /// A transfer a donor recorded and has not forgotten yet.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,26 +42,6 @@ pub struct Pending {
     pub created_ms: i64,
     /// Where the units were taken from, and so where the recipient puts them.
     pub source: Source,
-}
-
-/// Which of a donor's counts a transfer takes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    /// Open stock (a refill, a restock's gathering): the recipient gives the units back
-    /// (`give_back`: its line first, or its pool under a line lease).
-    Stock,
-    /// The waitlist pool (src/shards/line.rs): units kept for the SKU's lines stay in the
-    /// recipient's pool, to be offered there.
-    Pool,
-}
-
-impl Source {
-    fn arg(self) -> &'static str {
-        match self {
-            Source::Stock => "",
-            Source::Pool => "pool",
-        }
-    }
 }
 
 impl Pending {
@@ -79,16 +62,6 @@ impl Pending {
             },
         })
     }
-}
-
-/// What step 1 found on the donor.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Taken {
-    /// Units taken out (now, or by an earlier send of the same id), and the donor's
-    /// generation they carry.
-    Units(i64, String),
-    /// The donor had nothing to give.
-    Dry,
 }
 
 /// The pending transfers of the donor shard `donor` of `sku`.
@@ -135,39 +108,26 @@ pub async fn take(
 ) -> Result<Taken, StoreError> {
     let keys = store.keys(donor);
     let mut con = store.hot();
-    let call = store.bounded(async {
-        Ok(SCRIPTS
-            .transfer_out
-            .key(keys.state())
-            .key(keys.transfers())
-            .arg(id.to_string())
-            .arg(need)
-            .arg(cap)
-            .arg(recipient)
-            .arg(crate::claims::now_ms())
-            .arg(source.arg())
-            .arg(store.floor(donor))
-            .invoke_async(&mut con)
-            .await?)
-    });
+    let call = store.bounded(scripts::shards::transfer_out(
+        &mut con,
+        &keys,
+        id,
+        recipient,
+        need,
+        cap,
+        crate::clock::now_ms(),
+        source,
+        store.floor(donor),
+    ));
     // A pending transfer is the donor's background work (the recovery task finishes it).
-    let (code, units, generation): (i64, i64, String) =
-        crate::activity::with_mark(store, donor, call).await?;
-    match code {
-        1 | 2 => {
-            if code == 1 {
-                m::shard_transfer();
-            }
-            replicated(store, &keys).await?;
-            Ok(Taken::Units(units, generation))
+    let (taken, now) = crate::activity::with_mark(store, donor, call).await?;
+    if let Taken::Units(..) = taken {
+        if now {
+            m::shard_transfer();
         }
-        0 => Ok(Taken::Dry),
-        -3 => Err(StoreError::Stale),
-        -1 => Err(StoreError::SkuLost),
-        other => Err(StoreError::Protocol(format!(
-            "transfer_out answered {other}"
-        ))),
+        replicated(store, &keys).await?;
     }
+    Ok(taken)
 }
 
 /// Steps 2 and 3 of the transfer `p`: its units into the recipient's stock (once), then the
@@ -187,43 +147,21 @@ pub async fn complete(
     let recipient = layout.name(sku, p.recipient);
     let to = store.keys(&recipient);
     let mut con = store.hot();
-    let mut apply = SCRIPTS.transfer_in.prepare_invoke();
-    for k in to.lifecycle() {
-        apply.key(k);
-    }
-    apply
-        .key(to.transfer_in(&p.id))
-        .arg(p.units)
-        .arg(&p.generation)
-        .arg(super::TRANSFER_RECORD_TTL_SECS)
-        .arg(p.source.arg())
-        .arg(store.floor(&recipient));
     // The units may be offered (a journal entry and a hold) or pooled for the lines there.
-    let call = store.bounded(async { Ok(apply.invoke_async(&mut con).await?) });
-    let code: i64 = crate::activity::with_mark(store, &recipient, call).await?;
-    let applied = match code {
-        1 | 2 => true,
-        -4 => false,
-        -3 => return Err(StoreError::Stale),
-        -1 => return Err(StoreError::SkuLost),
-        other => {
-            return Err(StoreError::Protocol(format!(
-                "transfer_in answered {other}"
-            )))
-        }
-    };
+    let call = store.bounded(scripts::shards::transfer_in(
+        &mut con,
+        &to,
+        &p.id,
+        p.units,
+        &p.generation,
+        p.source,
+        store.floor(&recipient),
+    ));
+    let applied = crate::activity::with_mark(store, &recipient, call).await?;
     replicated(store, &to).await?;
     let from = store.keys(&layout.name(sku, p.donor));
-    let _: i64 = store
-        .bounded(async {
-            Ok(SCRIPTS
-                .finish_transfer
-                .key(from.state())
-                .key(from.transfers())
-                .arg(p.id.to_string())
-                .invoke_async(&mut con)
-                .await?)
-        })
+    store
+        .bounded(scripts::shards::finish_transfer(&mut con, &from, &p.id))
         .await?;
     replicated(store, &from).await?;
     Ok(applied)
@@ -256,7 +194,7 @@ pub async fn transfer(
         recipient,
         units,
         generation,
-        created_ms: crate::claims::now_ms(),
+        created_ms: crate::clock::now_ms(),
         source,
     };
     Ok(if complete(store, sku, layout, &p).await? {

@@ -4,8 +4,8 @@
 use serde::Serialize;
 
 use super::transfer::Pending;
-use super::Layout;
 use crate::error::StoreError;
+use crate::layout::Layout;
 use crate::store::Store;
 
 /// One shard as Redis holds it.
@@ -133,7 +133,7 @@ async fn read_shard(store: &Store, name: &str, shard: u16) -> Result<ShardState,
 /// read to its second, and every first read came before every second, so at the instant of
 /// the last first read every shard was in the state both readings show. That is what lets a
 /// refill say `sold_out` ([`super::borrow`]) and the sold-out fast path refuse from memory
-/// (src/soldout.rs).
+/// (src/soldout/).
 ///
 /// # Errors
 /// As [`survey`].

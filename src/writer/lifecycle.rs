@@ -9,9 +9,9 @@
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::batch::{Change, WaitChange};
 use crate::error::DbError;
-use crate::lifecycle::status::EntryStatus;
+use crate::journal::{Batch, Change, WaitChange};
+use crate::status::EntryStatus;
 
 /// A change of a parked claim (in `persistence_pending`, not yet written) is kept there with
 /// its time, so the reprocessor writes the claim with it and tells its events in order
@@ -123,8 +123,8 @@ pub async fn apply_waits(
 
 /// Offers made, taken and lapsed in this batch (an offer lapses when its entry ends together
 /// with its hold: expired, or declined by leaving).
-pub fn count_offers(batch: &super::Batch) {
-    use crate::lifecycle::expiry::count_offers as count;
+pub fn count_offers(batch: &Batch) {
+    use crate::metrics::offers as count;
     let with = |s: EntryStatus| batch.waits.iter().filter(|w| w.status == s).count();
     count("made", with(EntryStatus::Offered));
     count("taken", with(EntryStatus::Claimed));

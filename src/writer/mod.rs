@@ -14,70 +14,38 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::activity;
 use crate::error::{DbError, StoreError};
-use crate::freshness::{self, Marks};
+use crate::freshness;
+use crate::journal::{self, reap_idle_consumers, Batch, WriterSignal, GONE_AFTER_CLAIM_IDLES};
+use crate::keys::ShardName;
 use crate::metrics as m;
 use crate::repeats::{self, Repeats, BACKEND};
+use crate::store::marks::Marks;
 use crate::store::Store;
 
-mod batch;
-mod call_entry;
-mod consumers;
-mod journal;
 mod lifecycle;
 mod order;
 mod postgres;
 mod quarantine;
 
-pub use batch::{Batch, Change, Unreadable, WaitChange, Winner};
-pub use consumers::{reap_idle_consumers, GONE_AFTER_CLAIM_IDLES};
-pub use journal::{entry_batch, winners_of, GROUP};
+// What the writer takes: the journal's entries, as its parser reads them (also the tests'
+// and the tools' paths).
+pub use crate::journal::{winners_of, Change, WaitChange, Winner};
 pub use postgres::{write_batch, Unwritable};
 pub use quarantine::Quarantined;
 // The lifecycle table's test runs these statements (tests/api/lifecycle_table.rs).
 pub use lifecycle::{apply_changes, apply_waits};
 
-/// Entries read per SKU per round. An entry holds the winners of one claim.lua call (up to
-/// 128), so the largest insert batch is 32,768 rows.
-const READ_COUNT: usize = 256;
 /// Every SKU of the active set ([`crate::activity`]) is read this often, wake-up or not.
 const SWEEP: Duration = Duration::from_millis(500);
 /// Retry pace of the writer itself while PostgreSQL or Redis is unreachable (with jitter,
 /// [`crate::pace::retries`]).
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
-
-/// How the claim path tells the writer that winners are waiting: a wake-up, and the SKUs
-/// that won since, so they are read at once rather than at the next sweep of the active set.
-#[derive(Default)]
-pub struct WriterSignal {
-    wake: Notify,
-    skus: parking_lot::Mutex<HashSet<String>>,
-}
-
-impl WriterSignal {
-    /// Called after a win. Takes the lock only to check a small set; allocates only for a SKU
-    /// the writer has not been told about yet.
-    pub fn won(&self, sku: &str) {
-        {
-            let mut skus = self.skus.lock();
-            if !skus.contains(sku) {
-                skus.insert(sku.to_string());
-            }
-        }
-        self.wake.notify_one();
-    }
-
-    /// The SKUs signalled since the last call.
-    fn take(&self) -> HashSet<String> {
-        std::mem::take(&mut *self.skus.lock())
-    }
-}
 
 /// Moves journaled winners into PostgreSQL.
 pub struct Writer {
@@ -183,7 +151,7 @@ impl Writer {
                         if let Some(end) = faults.clear(sku) {
                             repeats::ended(sku, end, "writer passes of the SKU succeed again");
                         }
-                        if n >= READ_COUNT {
+                        if n >= journal::READ_COUNT {
                             unfinished.insert(sku.clone());
                         }
                     }
@@ -229,7 +197,7 @@ impl Writer {
             }
             let pause = if failed { backoff } else { SWEEP };
             tokio::select! {
-                _ = self.signal.wake.notified(), if !failed => {}
+                _ = self.signal.notified(), if !failed => {}
                 _ = tokio::time::sleep(pause) => {}
                 _ = shutdown.cancelled() => {}
             }
@@ -252,12 +220,15 @@ impl Writer {
     /// holds, with the changes still waiting for their wins. Returns how many entries were
     /// settled.
     async fn pass(&mut self, sku: &str, autoclaim: bool) -> Result<usize, WriteError> {
+        // `sku` is a Redis name (a shard of a sharded SKU is `sku#i`): read once for the
+        // catalog SKU its rows name.
+        let name = ShardName::parse(sku);
         let mut batch = match self.held.remove(sku) {
             // Entries of a stopped gateway may be what a held batch waits for (the wins of
             // its hold changes): they are taken over all the same.
             Some(mut held) if autoclaim => {
                 if let Ok(taken) =
-                    journal::autoclaim(&self.store, &self.consumer, self.claim_idle, sku).await
+                    journal::autoclaim(&self.store, &self.consumer, self.claim_idle, &name).await
                 {
                     held.extend(taken);
                     held.dedup();
@@ -265,7 +236,7 @@ impl Writer {
                 held
             }
             Some(held) => held,
-            None => match self.read(sku, autoclaim).await {
+            None => match self.read(&name, autoclaim).await {
                 Ok(b) => b,
                 Err(e) => {
                     self.reread.insert(sku.to_string());
@@ -280,7 +251,7 @@ impl Writer {
         if batch.is_empty() {
             return Ok(0);
         }
-        match self.settle(sku, &batch).await {
+        match self.settle(&name, &batch).await {
             Ok(kept) if kept.is_empty() => Ok(batch.entries()),
             Ok(kept) => {
                 tracing::debug!(
@@ -301,18 +272,18 @@ impl Writer {
 
     /// Reads a SKU's journal: entries of stopped gateways when `autoclaim`, this consumer's own
     /// unacknowledged entries after a failed read, else new ones.
-    async fn read(&mut self, sku: &str, autoclaim: bool) -> Result<Batch, StoreError> {
+    async fn read(&mut self, name: &ShardName, autoclaim: bool) -> Result<Batch, StoreError> {
         let mut batch = Batch::default();
         if autoclaim {
             batch.extend(
-                journal::autoclaim(&self.store, &self.consumer, self.claim_idle, sku).await?,
+                journal::autoclaim(&self.store, &self.consumer, self.claim_idle, name).await?,
             );
         }
-        if self.reread.remove(sku) {
-            batch.extend(journal::read(&self.store, &self.consumer, sku, "0").await?);
+        if self.reread.remove(name.as_str()) {
+            batch.extend(journal::read(&self.store, &self.consumer, name, "0").await?);
         }
         if batch.is_empty() {
-            batch = journal::read(&self.store, &self.consumer, sku, ">").await?;
+            batch = journal::read(&self.store, &self.consumer, name, ">").await?;
         }
         batch.dedup();
         Ok(batch)
@@ -324,12 +295,12 @@ impl Writer {
     ///
     /// Returns the entries kept back: hold changes whose wins are still on their way
     /// (`order.rs`), with this writer's own entries found unacknowledged meanwhile.
-    async fn settle(&self, sku: &str, batch: &Batch) -> Result<Batch, WriteError> {
+    async fn settle(&self, name: &ShardName, batch: &Batch) -> Result<Batch, WriteError> {
         let started = Instant::now();
         let unwritable = write_batch(&self.db, &batch.winners, self.first_retry).await?;
-        // `sku` is a Redis name (a shard of a sharded SKU is `sku#i`): rows name the catalog's
-        // SKU, while the journal, the acknowledgements and the mark are the shard's.
-        let catalog_sku = crate::keys::split_shard(sku).0;
+        // Rows name the catalog's SKU, while the journal, the acknowledgements and the mark are
+        // the shard's.
+        let (sku, catalog_sku) = (name.as_str(), name.sku());
         // Before the changes are ordered: a change meets a quarantined win as a row.
         let mut poison = Vec::with_capacity(unwritable.len() + batch.unreadable.len());
         for u in unwritable {
@@ -343,7 +314,7 @@ impl Writer {
         poison.extend(batch.unreadable.iter().map(Quarantined::unreadable));
         quarantine::record(&self.db, catalog_sku, &poison).await?;
 
-        let order = order::waiting(&self.db, &self.store, &self.consumer, sku, batch).await?;
+        let order = order::waiting(&self.db, &self.store, &self.consumer, name, batch).await?;
         for claim_id in &order.orphans {
             tracing::warn!(sku, %claim_id, "hold change of a claim whose win never reached the ledger; acknowledged as it is");
         }
@@ -360,8 +331,10 @@ impl Writer {
         };
         kept.extend(order.adopted);
 
-        let mut forget = lifecycle::apply_changes(&self.db, &ready.changes).await?;
-        forget.extend(lifecycle::apply_waits(&self.db, catalog_sku, &ready.waits).await?);
+        let forget = journal::Forget {
+            holds: lifecycle::apply_changes(&self.db, &ready.changes).await?,
+            entries: lifecycle::apply_waits(&self.db, catalog_sku, &ready.waits).await?,
+        };
         lifecycle::count_offers(ready);
         let lifecycle_seq = (ready.changes.iter().map(|c| c.seq))
             .chain(ready.waits.iter().map(|w| w.seq))
@@ -373,14 +346,14 @@ impl Writer {
                 &self.db,
                 &self.store,
                 &self.marks,
-                sku,
+                name,
                 &written,
                 lifecycle_seq,
             )
             .await?;
             m::writer_batch(ready.winners.len(), started.elapsed());
         }
-        let now = crate::claims::now_ms();
+        let now = crate::clock::now_ms();
         for w in &ready.winners {
             m::journal_lag(Duration::from_millis((now - w.created_ms).max(0) as u64));
         }

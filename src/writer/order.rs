@@ -17,13 +17,14 @@
 
 use std::collections::HashSet;
 
-use redis::Value;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::{journal, Batch, WriteError};
-use crate::error::{DbError, StoreError};
-use crate::scripts::SCRIPTS;
+use super::WriteError;
+use crate::error::DbError;
+use crate::journal::{self, Batch};
+use crate::keys::ShardName;
+use crate::scripts;
 use crate::store::Store;
 
 /// Entries of other writers looked at before a change, beyond the batch's own.
@@ -50,7 +51,7 @@ pub async fn waiting(
     db: &PgPool,
     store: &Store,
     consumer: &str,
-    sku: &str,
+    name: &ShardName,
     batch: &Batch,
 ) -> Result<Waiting, WriteError> {
     let mut out = Waiting::default();
@@ -67,7 +68,13 @@ pub async fn waiting(
     // Redis first, PostgreSQL after: a win's entry is acknowledged only after its row
     // commits, so a win not pending in this reading is in a table for the query below.
     let limit = mine.len() + LOOK_BEHIND;
-    let pending = pending_before(store, sku, last, limit).await?;
+    let keys = store.keys(name);
+    let mut con = store.hot();
+    let pending = store
+        .bounded(scripts::journal::pending_before(
+            &mut con, &keys, last, limit,
+        ))
+        .await?;
     let full = pending.len() >= limit;
     let seen_to = pending.last().map(|p| key(&p.0));
     // (entry, claim it may carry: None when nobody can read the entry)
@@ -76,7 +83,7 @@ pub async fn waiting(
         if mine.contains(entry_id.as_str()) {
             continue;
         }
-        let read = journal::parse_one(sku, entry);
+        let read = journal::parse_one(name, entry);
         let at = key(&entry_id);
         carriers.extend(read.winners.iter().map(|w| (at, Some(w.claim_id))));
         carriers.extend(read.unreadable.iter().map(|u| (at, u.claim_id)));
@@ -115,53 +122,6 @@ async fn homeless(db: &PgPool, ids: &[Uuid]) -> Result<Vec<Uuid>, DbError> {
     .bind(ids)
     .fetch_all(db)
     .await?)
-}
-
-/// (entry id, its owner, the entry as XRANGE returns it) of the unacknowledged entries before
-/// `before`, oldest first, at most `limit`.
-async fn pending_before(
-    store: &Store,
-    sku: &str,
-    before: &str,
-    limit: usize,
-) -> Result<Vec<(String, String, Value)>, StoreError> {
-    let keys = store.keys(sku);
-    let mut inv = SCRIPTS.pending_before.prepare_invoke();
-    inv.key(keys.journal())
-        .arg(journal::GROUP)
-        .arg(before)
-        .arg(limit);
-    let mut con = store.hot();
-    let reply: Value = store
-        .bounded(async { Ok(inv.invoke_async(&mut con).await?) })
-        .await?;
-    let Value::Array(items) = reply else {
-        return Ok(Vec::new());
-    };
-    Ok(items
-        .into_iter()
-        .filter_map(|item| {
-            let Value::Array(mut parts) = item else {
-                return None;
-            };
-            if parts.len() != 3 {
-                return None;
-            }
-            let fields = parts.pop()?;
-            let owner = text(parts.pop()?)?;
-            let id = text(parts.pop()?)?;
-            let entry = Value::Array(vec![Value::BulkString(id.clone().into_bytes()), fields]);
-            Some((id, owner, entry))
-        })
-        .collect())
-}
-
-fn text(v: Value) -> Option<String> {
-    match v {
-        Value::BulkString(b) => String::from_utf8(b).ok(),
-        Value::SimpleString(s) => Some(s),
-        _ => None,
-    }
 }
 
 /// A stream entry id ("ms-seq") in the stream's order.

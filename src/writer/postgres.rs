@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use super::Winner;
 use crate::error::DbError;
+use crate::journal::Winner;
 use crate::metrics as m;
 
 /// A claim already in `issuances` is left as it is: written before, or compensated (the

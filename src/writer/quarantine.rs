@@ -13,8 +13,8 @@
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::{Unreadable, Winner};
 use crate::error::DbError;
+use crate::journal::{Unreadable, Winner};
 use crate::metrics as m;
 
 /// One entry for the quarantine.

@@ -286,7 +286,7 @@ async fn an_idle_sku_with_nothing_left_leaves_the_active_set_and_one_with_entrie
         .await
         .unwrap();
     // Marked two minutes ago (past the horizon), except "recent", marked now.
-    let long_ago = dropgate::claims::now_ms() - 120_000;
+    let long_ago = dropgate::clock::now_ms() - 120_000;
     for sku in ["idle"].iter().chain(&with_work) {
         let _: () = redis::cmd("ZADD")
             .arg(active_skus(store.prefix()))

@@ -3,8 +3,8 @@
 //! fence and record, one journal entry), never per claim.
 
 use dropgate::ids::{claim_in, mint_call};
-use dropgate::keys::SkuKeys;
-use dropgate::record::ClaimRecord;
+use dropgate::keys::{idempotency_field, SkuKeys};
+use dropgate::record::IdemRecord;
 use dropgate::scripts::{self, ClaimInput, Decision};
 use dropgate::writer::Winner;
 use redis::aio::ConnectionManager;
@@ -184,7 +184,6 @@ async fn a_batch_answers_like_the_same_claims_sent_one_by_one() {
                     claim_id: Uuid::nil(),
                     quantity,
                     remaining,
-                    created_ms: 0,
                     expires_ms: None,
                 },
                 other => other,
@@ -228,7 +227,7 @@ async fn a_batch_on_a_lost_sku_changes_nothing() {
         .arg(keys.state())
         .arg(keys.users())
         .arg(keys.journal())
-        .arg(keys.idempotency("a", "k"))
+        .arg(keys.idempotency())
         .query_async(&mut con)
         .await
         .unwrap();
@@ -284,8 +283,9 @@ async fn a_call_fenced_by_a_resolver_before_it_runs_decides_nothing_when_it_arri
     assert_eq!(state_and_users(&mut con, &keys).await, before);
     assert_eq!(script_stock(&mut con, &keys).await, 3);
     assert_eq!(journal_len(&mut con, &keys).await, 0);
-    let idem: i64 = redis::cmd("EXISTS")
-        .arg(keys.idempotency("late-a", "k"))
+    let idem: i64 = redis::cmd("HEXISTS")
+        .arg(keys.idempotency())
+        .arg(&idempotency_field("late-a", "k")[..])
         .query_async(&mut con)
         .await
         .unwrap();
@@ -363,14 +363,15 @@ async fn a_call_of_128_winners_journals_one_entry_and_one_record_for_all_of_them
         .unwrap();
     let expected: Vec<Option<i64>> = (0..128).map(|i| Some(999 - i)).collect();
     assert_eq!(remaining, expected);
-    // The journal entry's idempotency records are its records, one per keyed winner.
-    let idem: Option<String> = redis::cmd("GET")
-        .arg(keys.idempotency("u|126", "key|x"))
+    // Each keyed winner has its idempotency record, under the field of its user and key.
+    let idem: Option<String> = redis::cmd("HGET")
+        .arg(keys.idempotency())
+        .arg(&idempotency_field("u|126", "key|x")[..])
         .query_async(&mut con)
         .await
         .unwrap();
     assert_eq!(
-        ClaimRecord::parse(&idem.unwrap()).map(|r| r.claim_id),
+        IdemRecord::parse(&idem.unwrap()).map(|r| r.claim_id),
         Some(claim_in(&call, 126))
     );
 }
@@ -425,5 +426,56 @@ async fn huge_stock_and_limits_decide_like_small_ones() {
             }
         ),
         "{again:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_win_read_back_on_a_sku_with_holds_is_the_hold_its_call_answered() {
+    let (mut con, keys) = script_sku("rbh").await;
+    let terms = scripts::Terms {
+        hold_ms: 60_000,
+        ..scripts::Terms::limit(2)
+    };
+    scripts::declare_sku(&mut con, &keys, true, 5, &terms, &Uuid::nil())
+        .await
+        .unwrap();
+    let call = mint_call(0);
+    let claims = [
+        input("a", 1, None),
+        input("b", 2, Some("k")),
+        input("c", 3, None),
+    ];
+    let d = scripts::claim(&mut con, &keys, &call, &claims, 1, 0)
+        .await
+        .unwrap();
+    let Decision::Won { expires_ms, .. } = d[0] else {
+        panic!("a won: {d:?}")
+    };
+    let expires_ms = expires_ms.expect("a hold");
+    // A read-back of the call answers each win as the call did: the stock after it, the hold.
+    let ids: Vec<Uuid> = (0..3).map(|i| claim_in(&call, i)).collect();
+    let back = scripts::read_back(&mut con, &keys, &ids).await.unwrap();
+    let hold = |remaining| {
+        Some(scripts::ReadBack {
+            remaining,
+            expires_ms: Some(expires_ms),
+        })
+    };
+    assert_eq!(back, vec![hold(4), hold(2), None]);
+    // On a SKU whose claims are final at once, a win read back is no hold.
+    let (mut con, keys) = seeded_sku(3, 1).await;
+    let call = mint_call(0);
+    scripts::claim(&mut con, &keys, &call, &[input("a", 1, None)], 1, 0)
+        .await
+        .unwrap();
+    let back = scripts::read_back(&mut con, &keys, &[claim_in(&call, 0)])
+        .await
+        .unwrap();
+    assert_eq!(
+        back,
+        vec![Some(scripts::ReadBack {
+            remaining: 2,
+            expires_ms: None
+        })]
     );
 }

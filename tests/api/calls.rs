@@ -42,7 +42,7 @@ async fn one_call(probe: &Probe, sku: &str, users: &[String]) -> (Uuid, Vec<Deci
         &keys,
         &call,
         &claims,
-        dropgate::claims::now_ms(),
+        dropgate::clock::now_ms(),
         0,
     );
     // With the SKU's activity mark, as a lane sends it: that is how a writer finds the SKU.

@@ -803,7 +803,7 @@ async fn a_gateway_sigkilled_on_a_cluster_has_its_journal_entries_taken_over() {
     );
 }
 
-/// The writers' consumer group on every journal (`src/writer/journal.rs`, not exported).
+/// The writers' consumer group on every journal (`dropgate::keys::JOURNAL_GROUP`).
 const WRITERS_GROUP: &str = "writers";
 
 /// Entries pending per consumer of the writers' group on `journal` (`XINFO CONSUMERS`).

@@ -169,6 +169,13 @@ async fn refused_rows_are_compensated_exactly_once_with_two_gateways() {
     );
     assert_eq!(won_ids(&a).len() + won_ids(&b).len(), 60);
 
+    api1.drained("comp").await;
+    // The units go back in Redis a moment before each parked row is closed as compensated
+    // (the view counts them once in between): await the records, then read the books.
+    wait_for(Duration::from_secs(30), || async {
+        api1.view("comp").await["compensated"] == 20
+    })
+    .await;
     let v = api1.drained("comp").await;
     assert_eq!(v["recorded"], 40);
     assert_eq!(v["compensated"], 20);

@@ -346,7 +346,7 @@ fn lifecycle(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_script_that_moves_a_state_refuses_one_older_than_the_floor_and_closes_it() {
-    use dropgate::freshness::Floor;
+    use dropgate::scripts::Floor;
     use dropgate::scripts::SCRIPTS;
     // A state at sequence 5, incarnation 7: a floor ahead in either is an older copy.
     let ahead = [Floor { seq: 6, inc: 7 }, Floor { seq: 5, inc: 8 }];
@@ -436,5 +436,86 @@ async fn every_script_that_moves_a_state_refuses_one_older_than_the_floor_and_cl
             "{r:?}"
         );
         assert_eq!(script_stock(&mut con, &keys).await, 3);
+        queue_scripts_refuse(&mut con, &keys, floor).await;
+    }
+}
+
+/// The waiting room's scripts on the same older state (seq 5, inc 7): a join, a read and a
+/// round of admissions that would admit the line's head (the round's lease is the caller's
+/// and its schedule owes a second's worth) each refuse, close the state, and move nothing.
+async fn queue_scripts_refuse(
+    con: &mut redis::aio::ConnectionManager,
+    keys: &dropgate::keys::SkuKeys,
+    floor: dropgate::scripts::Floor,
+) {
+    use dropgate::error::StoreError;
+    use dropgate::queue::calls;
+    assert!(calls::configure(con, keys, 100, 60, 0).await.unwrap());
+    let [q, line, admitted, ..] = keys.queue();
+    let head = uuid::Uuid::now_v7();
+    let _: () = redis::pipe()
+        .cmd("ZADD")
+        .arg(&line)
+        .arg(1)
+        .arg(head.as_bytes().as_slice())
+        .cmd("HSET")
+        .arg(&q)
+        .arg("owner")
+        .arg("me")
+        .arg("fence")
+        .arg(1)
+        .arg("last_ms")
+        .arg(1)
+        .arg("credit")
+        .arg(0)
+        .query_async(con)
+        .await
+        .unwrap();
+    let newcomer = uuid::Uuid::now_v7();
+    for name in ["join_queue", "read_ticket", "admit_queue"] {
+        let _: () = redis::cmd("HDEL")
+            .arg(keys.state())
+            .arg("stale")
+            .query_async(con)
+            .await
+            .unwrap();
+        let r = match name {
+            "join_queue" => calls::join(con, keys, &newcomer, 5, "v", floor)
+                .await
+                .map(|j| format!("{j:?}")),
+            "read_ticket" => calls::read(con, keys, &head, "", floor)
+                .await
+                .map(|t| format!("{t:?}")),
+            _ => calls::admit(con, keys, "me", 2000, 100, false, floor)
+                .await
+                .map(|r| format!("{r:?}")),
+        };
+        assert!(
+            matches!(r, Err(StoreError::Stale)),
+            "{name} acted on a state older than {floor:?}: {r:?}"
+        );
+        let (stale, stock, seq): (Option<String>, i64, i64) = redis::cmd("HMGET")
+            .arg(keys.state())
+            .arg("stale")
+            .arg("stock")
+            .arg("seq")
+            .query_async(con)
+            .await
+            .unwrap();
+        assert!(stale.is_some(), "{name} did not close the older state");
+        assert_eq!((stock, seq), (3, 5), "{name} moved the older state");
+        let (waiting, admitted): (i64, i64) = redis::pipe()
+            .cmd("ZCARD")
+            .arg(&line)
+            .cmd("ZCARD")
+            .arg(&admitted)
+            .query_async(con)
+            .await
+            .unwrap();
+        assert_eq!(
+            (waiting, admitted),
+            (1, 0),
+            "{name} moved the older state's line"
+        );
     }
 }

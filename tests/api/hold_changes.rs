@@ -222,7 +222,7 @@ async fn a_change_whose_win_is_unreadable_waits_for_its_quarantine_and_no_longer
     assert_eq!(r.status(), 201);
     let keys = dropgate::keys::SkuKeys::new(&app.probe.prefix, "orphan");
     let claim = Uuid::now_v7();
-    let change = format!("{claim}|cancelled|1|{}|2", dropgate::claims::now_ms());
+    let change = format!("{claim}|cancelled|1|{}|2", dropgate::clock::now_ms());
     let mut con = app.probe.redis.clone();
     // As end_hold writes a cancel: the unit leaves `inflight` until the change is written.
     // The garbled win is delivered to a consumer that never comes back; the change is not.

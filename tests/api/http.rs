@@ -61,6 +61,35 @@ async fn a_client_that_never_finishes_its_headers_is_disconnected() {
     assert!(read.is_ok(), "the slow client was never disconnected");
 }
 
+/// A connection that sends nothing waits for its first byte outside hyper (so it holds no read
+/// buffer), bounded by the same header-read timeout: it is closed, not kept forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_connects_and_sends_nothing_is_disconnected() {
+    let app = spawn_app().await;
+    let mut s = tokio::net::TcpStream::connect(app.addr).await.unwrap();
+    let since = std::time::Instant::now();
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut buf)).await;
+    assert!(read.is_ok(), "a silent client was never disconnected");
+    assert!(buf.is_empty(), "{:?}", String::from_utf8_lossy(&buf));
+    assert!(
+        since.elapsed() >= Duration::from_secs(3),
+        "closed too early"
+    );
+    // The next client is served as ever.
+    let mut s = tokio::net::TcpStream::connect(app.addr).await.unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer).await.unwrap();
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&answer)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_declared_oversized_body_is_refused_before_it_is_read() {
     let app = spawn_app().await;

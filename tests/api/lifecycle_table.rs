@@ -1,4 +1,4 @@
-//! The one lifecycle table (`src/lifecycle/status.rs`, its steps in `status/steps.rs`) holds
+//! The one lifecycle table (`src/status.rs`, its steps in `status/steps.rs`) holds
 //! everything that writes a status: the Lua scripts' status literals, the SQL CHECKs of a
 //! migrated database, the outbox's events, and the transitions the writer's statements perform
 //! when run on every pair of statuses. A status or a step that is not in the table fails here.
@@ -6,13 +6,17 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
-use dropgate::lifecycle::status::{ClaimStatus, EntryStatus, Step, CLAIM_STEPS, ENTRY_STEPS};
 use dropgate::outbox::EventKind;
+use dropgate::status::{
+    ClaimStatus, EntryStatus, Step, TicketState, CLAIM_STEPS, ENTRY_STEPS, TICKET_STEPS,
+};
 use dropgate::writer::{Change, WaitChange, Winner};
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::helpers::Isolation;
+
+mod tickets;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -64,9 +68,12 @@ const NOT_STATUSES: &[&str] = &[
     "idle",
     // The state's incarnation (lua/lib/fresh.lua, rotate.lua).
     "inc",
+    // A compensation marker's value for a hold that had ended before its compensation
+    // (compensate.lua; its other value, 'compensated', is a claim status).
+    "ended",
     // The waiting room (lua/lib/queue.lua and the queue scripts): its hash's fields, the
-    // admission lease's replies, and a ticket's states as a visitor reads them. A ticket's
-    // state is not a claim's or an entry's: it is not in this table yet (docs/waiting-room.md).
+    // admission lease's and the supply's replies, and 'none' (no such ticket: 404). A ticket's
+    // states are `TicketState`'s (lifecycle_table/tickets.rs).
     "admitted_total",
     "credit",
     "first_ms",
@@ -77,7 +84,6 @@ const NOT_STATUSES: &[&str] = &[
     "rate",
     "release",
     "released",
-    "prequeue",
     "prequeue_ms",
     "ttl_ms",
     "ok",
@@ -87,8 +93,6 @@ const NOT_STATUSES: &[&str] = &[
     "not_open",
     "closed",
     "overloaded",
-    "admitted",
-    "sold_out",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -315,6 +319,7 @@ fn every_word_a_script_quotes_is_a_status_or_named_otherwise() {
                     !lit.is_empty() && lit.chars().all(|c| c.is_ascii_lowercase() || c == '_');
                 let known = lit.parse::<ClaimStatus>().is_ok()
                     || lit.parse::<EntryStatus>().is_ok()
+                    || lit.parse::<TicketState>().is_ok()
                     || NOT_STATUSES.contains(&lit);
                 if word && !known {
                     unknown.insert(format!("{path}: '{lit}'"));
@@ -345,6 +350,7 @@ fn every_statement_the_table_names_exists() {
         .iter()
         .flat_map(|s| s.decided_by)
         .chain(ENTRY_STEPS.iter().flat_map(|s| s.decided_by))
+        .chain(TICKET_STEPS.iter().flat_map(|s| s.decided_by))
     {
         assert!(
             std::path::Path::new(&format!("{ROOT}/{st}")).exists(),

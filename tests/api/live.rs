@@ -149,6 +149,18 @@ async fn the_live_page_charts_a_running_drop_in_headless_chromium() {
     let held = release_buyers(&app.api, "big-drop", users("holder", 30)).await;
     assert_eq!(held.iter().filter(|(s, _)| *s == 201).count(), 30);
     app.drained("live-drop").await;
+    // A waiting room admitting a line of 40 at 2/s while the page is open: nobody has
+    // claimed yet, so only its line makes it a card.
+    let r = crate::queue::declare_queued(
+        &app.api,
+        "queue-drop",
+        5,
+        serde_json::json!({"admit_per_second": 2}),
+        serde_json::json!({}),
+    )
+    .await;
+    assert_eq!(r.status(), 201);
+    crate::queue::join_many(&app.api, "queue-drop", "visitor", 40, 20).await;
 
     // Buyers keep arriving while the page is open, far more of them at live-drop: it is the
     // most active SKU and comes first; the idle one comes last, whatever its name.
@@ -194,6 +206,12 @@ async fn the_live_page_charts_a_running_drop_in_headless_chromium() {
         .args(["--expect", r#"data-chart="p99" data-points="8""#])
         .args(["--expect", r#"data-chart="remaining" data-points="8""#])
         .args(["--expect", r#"data-chart="lag" data-points="8""#])
+        // The waiting room's panel: its line, its admissions against the set rate.
+        .args(["--expect", r#"data-sku="queue-drop""#])
+        .args(["--expect", r#"<dd data-field="queue_told">admitting</dd>"#])
+        .args(["--expect", " · set 2/s</dd>"])
+        .args(["--expect", r#"data-chart="queue" data-points="8""#])
+        .args(["--expect", r#"data-chart="admitted" data-points="7""#])
         .env("DROPGATE_LIVE_TOKEN", ADMIN)
         .env(
             "PATH",
@@ -221,7 +239,28 @@ async fn the_live_page_charts_a_running_drop_in_headless_chromium() {
         "SKUs most active first"
     );
     assert!(
-        !dom.contains(r#"data-field="p99">–"#),
+        at(
+            &dom,
+            r#"<section class="sku balanced" data-sku="queue-drop""#
+        ) < at(&dom, r#"data-sku="aaa-idle""#),
+        "a waiting room with a line is a card, though nobody claimed"
+    );
+    let queue = &dom[at(&dom, r#"data-sku="queue-drop""#)..];
+    let figure = |field: &str| -> i64 {
+        let from = &queue[at(queue, &format!(r#"<dd data-field="{field}">"#))..];
+        from[from.find('>').unwrap() + 1..from.find("</dd>").unwrap()]
+            .replace(',', "")
+            .parse()
+            .unwrap()
+    };
+    let (waiting, admitted) = (figure("queue_waiting"), figure("queue_admitted"));
+    assert!(
+        admitted >= 1 && (40..=41).contains(&(waiting + admitted)),
+        "the line of 40: {waiting} in line, {admitted} admitted"
+    );
+    let drop = &dom[at(&dom, r#"data-sku="live-drop""#)..at(&dom, r#"data-sku="big-drop""#)];
+    assert!(
+        !drop.contains(r#"data-field="p99">–"#),
         "the p99 of the late buyers shows"
     );
     // The large drop's holds: 30 held at least (late buyers win more).

@@ -130,7 +130,7 @@ async fn compensate(
         inv.key(k);
     }
     inv.key(keys.compensation(claim))
-        .key(keys.compensation(claim))
+        .key(keys.idempotency())
         .arg(mode)
         .arg(owner)
         .arg("buyer")
@@ -252,4 +252,56 @@ async fn a_hold_gives_its_units_back_once_whether_cancelled_or_compensated_first
         .await
         .unwrap();
     assert_eq!(held, None);
+}
+
+/// A restore closes the SKU, reads the total, then rebuilds the stock from it; if its last call
+/// lands late (its answer or its lock lost), a restock under a newer epoch may have met the
+/// absent state in between and gone into the total only. That restore must rebuild nothing
+/// (the next one reads the new total), or the stock stays short of the restock for good (gateway
+/// model `MODEL_SEED=8628172385699032972`: Redis 3 units short of the ledger once quiet).
+#[tokio::test]
+async fn a_restore_that_read_the_total_before_a_restock_on_the_absent_state_rebuilds_nothing() {
+    let (mut con, keys) = seeded_sku(5, 1).await;
+    assert!(scripts::close_sku(&mut con, &keys, 1).await.unwrap());
+    // The restock (epoch 2) meets the absent state: its delta is the ledger's total's only.
+    let lost = scripts::restock(&mut con, &keys, &Uuid::now_v7(), 3, APPLY, 2, 0).await;
+    assert!(lost.is_err(), "a restock on an absent state: {lost:?}");
+    let rebuild = |stock, epoch| scripts::operator::Rebuild {
+        staged: "",
+        stock,
+        per_user_limit: 1,
+        seq: 10,
+        declare_id: Uuid::nil(),
+        epoch,
+        terms: scripts::Terms::limit(1),
+        wl_order: 0,
+        generation: None,
+    };
+    let staged = keys.users_restore(&Uuid::now_v7());
+    // The late rebuild of the restore of epoch 1, from the total before the restock.
+    let late = scripts::operator::Rebuild {
+        staged: &staged,
+        ..rebuild(5, 1)
+    };
+    let r = scripts::operator::restore_sku(&mut con, &keys, &late).await;
+    assert!(
+        r.is_err(),
+        "a restore older than the restock rebuilt the state: {r:?}"
+    );
+    let stock: Option<i64> = redis::cmd("HGET")
+        .arg(keys.state())
+        .arg("stock")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(stock, None, "the SKU stays closed");
+    // The next restore (epoch 3) reads the total with the restock and rebuilds.
+    let next = scripts::operator::Rebuild {
+        staged: &staged,
+        ..rebuild(8, 3)
+    };
+    assert!(scripts::operator::restore_sku(&mut con, &keys, &next)
+        .await
+        .unwrap());
+    assert_eq!(script_stock(&mut con, &keys).await, 8);
 }

@@ -177,7 +177,7 @@ async fn a_compensation_sells_again_promptly() {
         }
         let done: i64 = inv
             .key(keys.compensation(&claim))
-            .key(keys.compensation(&claim))
+            .key(keys.idempotency())
             .arg(mode)
             .arg("test-owner")
             .arg("first")

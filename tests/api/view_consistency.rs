@@ -187,7 +187,7 @@ async fn one_call(probe: &Probe, sku: &str) -> Vec<Uuid> {
         .collect();
     let mut con = store.hot();
     let keys = store.keys(sku);
-    let now = dropgate::claims::now_ms();
+    let now = dropgate::clock::now_ms();
     let sent = scripts::claim(&mut con, &keys, &call, &claims, now, 0);
     // With the SKU's activity mark, as a lane sends it: that is how a writer finds the SKU.
     let d = dropgate::activity::with_mark(&store, sku, sent)
@@ -352,6 +352,82 @@ async fn unwritten_entries_show_a_ledger_behind_while_in_flight_nets_to_zero() {
     assert_eq!(
         (v["in_flight"].as_i64(), v["recorded"].as_i64()),
         (Some(0), Some(1)),
+        "{v}"
+    );
+}
+
+/// Refuses to record a parked claim's compensation (its row going to `compensated`) while
+/// `test_comp_fault.refuse` is true: the reprocessor has given the units back in Redis and
+/// cannot say so in PostgreSQL.
+const REFUSE_COMPENSATION_RECORD: &str = r#"
+CREATE TABLE test_comp_fault (refuse boolean NOT NULL);
+INSERT INTO test_comp_fault VALUES (true);
+CREATE FUNCTION test_refuse_comp() RETURNS trigger AS $$
+BEGIN
+  IF NEW.status = 'compensated' AND OLD.status <> 'compensated'
+     AND (SELECT refuse FROM test_comp_fault LIMIT 1) THEN
+    RAISE EXCEPTION 'test trigger refuses the compensation''s record';
+  END IF;
+  RETURN NEW;
+END $$ LANGUAGE plpgsql;
+CREATE TRIGGER test_refuse_comp BEFORE UPDATE ON persistence_pending
+  FOR EACH ROW EXECUTE FUNCTION test_refuse_comp();
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compensation_given_back_in_redis_and_not_yet_recorded_never_shows_the_books_out_of_balance(
+) {
+    let app = spawn_app_with(|c| c.reprocess_max_attempts = "1".into()).await;
+    crate::durability::install_trigger(&app.db).await;
+    sqlx::raw_sql(REFUSE_COMPENSATION_RECORD)
+        .execute(&app.db)
+        .await
+        .unwrap();
+    app.declare("cv", 5, 1).await;
+    let (s, body) = claim_one(&app, "cv", "bad-a").await;
+    assert_eq!(s, 201, "{body}");
+    let claim: Uuid = claim_id(&body).parse().unwrap();
+    // The reprocessor gives the unit back in Redis; its row stays `reprocessing`.
+    let marker = format!("{}:{{cv}}:comp:{}", app.probe.prefix, claim.simple());
+    wait_for(Duration::from_secs(30), || async {
+        let m: Option<String> = redis::cmd("GET")
+            .arg(&marker)
+            .query_async(&mut app.probe.redis.clone())
+            .await
+            .unwrap();
+        m.as_deref() == Some("compensated")
+    })
+    .await;
+    let status: String =
+        sqlx::query_scalar("SELECT status FROM persistence_pending WHERE claim_id = $1")
+            .bind(claim)
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(status, "reprocessing");
+    assert_eq!(app.stock("cv").await, Some(5));
+    for _ in 0..20 {
+        let v = app.view("cv").await;
+        assert_eq!(
+            v["consistent"], true,
+            "the unit counts once, in the stock: {v}"
+        );
+        assert_eq!(v["pending"], 0, "{v}");
+    }
+    // Recorded at last (by the next reprocessor once the 30 s lease ran out): still one
+    // reading that balances.
+    sqlx::query("UPDATE test_comp_fault SET refuse = false")
+        .execute(&app.db)
+        .await
+        .unwrap();
+    wait_for(Duration::from_secs(60), || async {
+        app.view("cv").await["compensated"] == 1
+    })
+    .await;
+    let v = app.view("cv").await;
+    assert_eq!(
+        (v["consistent"].clone(), v["pending"].clone()),
+        (json!(true), json!(0)),
         "{v}"
     );
 }

@@ -144,7 +144,7 @@ async fn a_journal_entry_the_writer_cannot_read_is_quarantined_byte_for_byte() {
     // A winner as claim.lua records one (stock down, units in flight, an entry), but whose
     // entry is not UTF-8.
     let id = Uuid::now_v7();
-    let mut packed = format!("{id}|1|{}|9|1|3|", dropgate::claims::now_ms()).into_bytes();
+    let mut packed = format!("{id}|1|{}|9|1|3|", dropgate::clock::now_ms()).into_bytes();
     packed.extend_from_slice(b"\xff\xfe\xfd");
     let mut con = app.probe.redis.clone();
     let state = format!("{}:{{garbled}}:state", app.probe.prefix);
@@ -317,7 +317,7 @@ async fn compensate_then_write_late(app: &TestApp, sku: &str, all_statuses: bool
         quantity: 1,
         idempotency_key: Some("late-key".into()),
         remaining_after: body["remaining"].as_i64(),
-        created_ms: dropgate::claims::now_ms(),
+        created_ms: dropgate::clock::now_ms(),
         seq: 1,
         expires_ms: None,
         offer: false,
@@ -530,14 +530,14 @@ async fn a_consumer_holding_entries_is_never_removed_however_long_idle() {
     };
 
     let hour = Duration::from_secs(3600);
-    let removed = dropgate::writer::reap_idle_consumers(&store, "s", hour, "me")
+    let removed = dropgate::journal::reap_idle_consumers(&store, "s", hour, "me")
         .await
         .unwrap();
     assert!(
         removed.is_empty(),
         "nobody has been idle an hour: {removed:?}"
     );
-    let removed = dropgate::writer::reap_idle_consumers(&store, "s", Duration::ZERO, "me")
+    let removed = dropgate::journal::reap_idle_consumers(&store, "s", Duration::ZERO, "me")
         .await
         .unwrap();
     assert_eq!(removed, vec!["empty".to_string()]);
@@ -551,7 +551,7 @@ async fn a_consumer_holding_entries_is_never_removed_however_long_idle() {
         .unwrap();
     assert_eq!(redis::from_redis_value_ref::<i64>(&pending[0]).unwrap(), 1);
     // A journal or group that does not exist has nobody to remove.
-    let removed = dropgate::writer::reap_idle_consumers(&store, "none", Duration::ZERO, "me")
+    let removed = dropgate::journal::reap_idle_consumers(&store, "none", Duration::ZERO, "me")
         .await
         .unwrap();
     assert!(removed.is_empty());

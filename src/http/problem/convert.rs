@@ -2,8 +2,7 @@
 
 use super::ApiError;
 use crate::catalog::CatalogError;
-use crate::error::{DbError, StoreError};
-use crate::inventory::{InventoryError, Refusal};
+use crate::error::{DbError, InventoryError, Refusal, StoreError};
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {

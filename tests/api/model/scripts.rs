@@ -1,25 +1,55 @@
 //! The scripts driven directly on a real Redis against the reference model: a seeded random
 //! sequence of claims (with and without keys, retries, quantities), read-backs and fences,
-//! restocks, compensations, writer acknowledgements, rollbacks and losses of the state, and
-//! restores. Every answer must be the model's, and the state must match it after every step.
+//! restocks, compensations, writer acknowledgements (dropping hold and entry records as the
+//! writer does), rollbacks and losses of the state, restores, and on the SKUs with holds the
+//! lifecycle: confirms and cancels, expiries, waitlist joins and leaves, and the offers every
+//! returned unit makes to the line's head. Every answer must be the model's, every journal
+//! entry the model's, field for field, and the whole state must match it after every step.
 //!
-//! `MODEL_SEED` replays a failure; `MODEL_STEPS` sets the steps (1,000,000 by default, spread
-//! over [`WORLDS`] SKUs run concurrently on one multiplexed connection).
+//! Redis decides expiries on its own clock (TIME), which the model cannot set: holds are
+//! given short `hold_ms`/`offer_ms`, and the model takes a script's `now` from what the
+//! script wrote (a journal record's time, a hold's expiry), checked to lie between Redis's
+//! clock read before the script and after it. A script that wrote no time made no decision
+//! that depended on it past the earlier reading, which the model then uses.
+//!
+//! `MODEL_SEED` replays a failure (the sequence of operations; holds' timing follows the
+//! clock); `MODEL_STEPS` sets the steps (spread over [`WORLDS`] SKUs run concurrently, one
+//! connection each; the odd worlds hold their claims).
+
+use std::collections::BTreeMap;
 
 use dropgate::keys::SkuKeys;
-use dropgate::scripts::{self, ClaimInput, Decision, RestockMode, Restocked, SCRIPTS};
-use dropgate::writer::Winner;
+use dropgate::scripts::{self, ClaimInput, Decision, RestockMode, Restocked};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use redis::aio::ConnectionManager;
-use redis::Value;
 use uuid::Uuid;
 
-use super::world::World;
+use super::world::{World, CLAIM_NOW};
 use crate::helpers::script_sku;
 
+mod check;
+mod ledger;
+mod life;
+
+use check::Obs;
+
 const WORLDS: u64 = 32;
-const USERS: &[&str] = &["ann", "bob", "cy|d", "dee", "eve", "fay"];
+/// Buyers of a step: six of a line of buyers that moves on by one every [`NEW_BUYER_EVERY`]
+/// steps, so a SKU whose units were all bought keeps meeting buyers below the limit (some
+/// ids hold `|`, the records' separator).
+const BUYERS: u64 = 6;
+const NEW_BUYER_EVERY: u64 = 25;
+/// Hold and offer times of the worlds with holds: from one that outlives many steps to one
+/// that lapses before the next.
+const HOLD_MS: &[i64] = &[25, 120, 500, 2500];
+/// The offer time of the worlds without holds (an offer always leaves time to take it).
+const OFFER_MS: i64 = 300_000;
+
+/// Steps in CI: every step reads the whole state back (holds, the line, the journal), about
+/// 1.3 k steps/s over the worlds on this 2-core machine, so CI runs two minutes of it; the soak
+/// (`tests/soak.sh`) runs millions.
+const DEFAULT_STEPS: u64 = 150_000;
 
 pub fn seed_and_steps() -> (u64, u64) {
     let seed = std::env::var("MODEL_SEED")
@@ -29,12 +59,12 @@ pub fn seed_and_steps() -> (u64, u64) {
     let steps = std::env::var("MODEL_STEPS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(1_000_000);
+        .unwrap_or(DEFAULT_STEPS);
     (seed, steps)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_scripts_agree_with_the_model_over_a_million_seeded_steps() {
+async fn the_scripts_agree_with_the_model_over_seeded_steps() {
     let _heavy = crate::helpers::heavy().await;
     let (seed, steps) = seed_and_steps();
     eprintln!("script model: MODEL_SEED={seed} MODEL_STEPS={steps}");
@@ -44,11 +74,19 @@ async fn the_scripts_agree_with_the_model_over_a_million_seeded_steps() {
         let n = steps / WORLDS + u64::from(w < steps % WORLDS);
         tasks.push(tokio::spawn(run_world(seed, w, n)));
     }
+    let mut seen: BTreeMap<String, u64> = BTreeMap::new();
     for t in tasks {
-        if let Err(e) = t.await.unwrap() {
-            panic!("model mismatch (replay with MODEL_SEED={seed}): {e}");
+        match t.await.unwrap() {
+            Ok(counts) => {
+                for (k, n) in counts {
+                    *seen.entry(k).or_default() += n;
+                }
+            }
+            Err(e) => panic!("model mismatch (replay with MODEL_SEED={seed}): {e}"),
         }
     }
+    let seen: Vec<String> = seen.iter().map(|(k, n)| format!("{k}: {n}")).collect();
+    eprintln!("script model: {}", seen.join(", "));
     eprintln!("script model: {steps} steps in {:?}", started.elapsed());
 }
 
@@ -61,65 +99,135 @@ struct Driver {
     fenced_fresh: Vec<Uuid>,
     /// Calls sent, with their sizes (a resend, or a read-back of one of their claims).
     sent: Vec<(Uuid, usize)>,
+    /// Claims PostgreSQL refuses (parked), not yet compensated.
+    parked: Vec<Uuid>,
+    /// The last claims compensated (a second compensation changes nothing).
+    compensated: Vec<Uuid>,
+    /// Redis's clock (ms) at the end of the last step: no script of this step ran before it.
+    clock: i64,
+    /// The last journal entry seen.
+    last_entry: Option<String>,
+    /// Steps checked.
+    steps: u64,
+    /// Answers and journal records seen, by kind (the run's summary).
+    counts: BTreeMap<String, u64>,
     log: Vec<String>,
 }
 
-async fn run_world(seed: u64, w: u64, steps: u64) -> Result<(), String> {
+async fn run_world(seed: u64, w: u64, steps: u64) -> Result<BTreeMap<String, u64>, String> {
     let mut rng = StdRng::seed_from_u64(seed ^ (w.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
     let (mut con, keys) = script_sku("m").await;
-    let total = rng.random_range(0..40);
     let limit = rng.random_range(1..4);
-    scripts::declare_sku(
-        &mut con,
-        &keys,
-        true,
-        total,
-        &scripts::Terms::limit(limit as i32),
-        &Uuid::nil(),
-    )
-    .await
-    .map_err(|e| e.to_string())?;
+    // A SKU with holds has fewer units than its buyers may hold at once, so it sells out and
+    // its line forms; units keep coming back (cancels, expiries) to be offered.
+    let (total, hold_ms, offer_ms) = if w % 2 == 1 {
+        (
+            rng.random_range(0..=limit * 4),
+            HOLD_MS[rng.random_range(0..HOLD_MS.len())],
+            HOLD_MS[rng.random_range(0..HOLD_MS.len())],
+        )
+    } else {
+        (rng.random_range(0..40), 0, OFFER_MS)
+    };
+    let terms = scripts::Terms {
+        per_user_limit: limit as i32,
+        hold_ms,
+        offer_ms,
+        opens_ms: None,
+        closes_ms: None,
+    };
+    scripts::declare_sku(&mut con, &keys, true, total, &terms, &Uuid::nil())
+        .await
+        .map_err(|e| e.to_string())?;
+    let clock = check::redis_ms(&mut con).await?;
     let mut d = Driver {
         rng,
         con,
         keys,
-        world: World::new(total, limit),
+        world: World::new(total, limit, hold_ms, offer_ms),
         fenced_fresh: Vec::new(),
         sent: Vec::new(),
-        log: Vec::new(),
+        parked: Vec::new(),
+        compensated: Vec::new(),
+        clock,
+        last_entry: None,
+        steps: 0,
+        counts: BTreeMap::new(),
+        log: vec![format!(
+            "world {w}: total {total} limit {limit} hold_ms {hold_ms} offer_ms {offer_ms}"
+        )],
     };
     for step in 0..steps {
         if let Err(e) = d.step().await {
-            let tail = d.log[d.log.len().saturating_sub(12)..].join("\n  ");
+            let tail = d.log[d.log.len().saturating_sub(60)..].join("\n  ");
             return Err(format!("world {w} step {step}: {e}\n  {tail}"));
         }
         if d.log.len() > 64 {
-            d.log.drain(..32);
+            d.log.drain(1..33);
         }
     }
-    Ok(())
+    Ok(d.counts)
 }
 
 impl Driver {
     async fn step(&mut self) -> Result<(), String> {
-        match self.rng.random_range(0..100) {
-            0..=54 => self.claim().await?,
-            55..=62 => self.resolve().await?,
-            63..=70 => self.restock().await?,
-            71..=84 => self.ack().await?,
-            85..=91 => self.compensate().await?,
-            92..=94 => self.rewind().await?,
-            95..=96 => self.lose().await?,
-            _ => self.restore().await?,
+        // A state lost or found stale is restored soon: a few steps see it fail closed.
+        if (self.world.lost || self.world.stale) && self.rng.random_ratio(1, 4) {
+            let obs = self.restore().await?;
+            return self.check(obs);
         }
-        self.check().await
+        let r = self.rng.random_range(0..100);
+        let obs = if self.world.hold_ms > 0 {
+            match r {
+                0..=27 => self.claim().await?,
+                28..=30 => self.resolve().await?,
+                31..=36 => self.restock().await?,
+                37..=48 => self.ack().await?,
+                49..=52 => self.compensate().await?,
+                53 => self.rewind().await?,
+                54 => self.lose().await?,
+                55..=66 => self.decide(true).await?,
+                67..=74 => self.decide(false).await?,
+                75..=84 => self.expire().await?,
+                85..=94 => self.join().await?,
+                _ => self.leave().await?,
+            }
+        } else {
+            match r {
+                0..=49 => self.claim().await?,
+                50..=57 => self.resolve().await?,
+                58..=65 => self.restock().await?,
+                66..=79 => self.ack().await?,
+                80..=85 => self.compensate().await?,
+                86..=88 => self.rewind().await?,
+                89..=90 => self.lose().await?,
+                91..=96 => self.join().await?,
+                97 => self.leave().await?,
+                98 => self.decide(true).await?,
+                _ => self.decide(false).await?,
+            }
+        };
+        self.check(obs)
     }
 
-    async fn claim(&mut self) -> Result<(), String> {
+    fn count(&mut self, what: String) {
+        *self.counts.entry(what).or_default() += 1;
+    }
+
+    fn user(&mut self) -> String {
+        let i = self.steps / NEW_BUYER_EVERY + self.rng.random_range(0..BUYERS);
+        if i % 3 == 0 {
+            format!("c|{i}")
+        } else {
+            format!("u{i}")
+        }
+    }
+
+    async fn claim(&mut self) -> Result<Obs, String> {
         let n = self.rng.random_range(1..=6);
         let inputs: Vec<ClaimInput> = (0..n)
             .map(|_| {
-                let user = USERS[self.rng.random_range(0..USERS.len())].to_string();
+                let user = self.user();
                 let key = (self.rng.random_bool(0.5))
                     .then(|| format!("k{}", self.rng.random_range(0..4)));
                 ClaimInput {
@@ -141,32 +249,40 @@ impl Driver {
         if self.sent.len() > 64 {
             self.sent.drain(..32);
         }
+        let floor = self.world.mark;
         self.log
-            .push(format!("claim {call} {inputs:?} floor {}", self.world.mark));
-        let got = scripts::claim(
-            &mut self.con,
-            &self.keys,
-            &call,
-            &inputs,
-            1,
-            self.world.mark,
-        )
-        .await;
-        let want = self.world.claim(call, &inputs, self.world.mark);
+            .push(format!("claim {call} {inputs:?} floor {floor}"));
+        let got = scripts::claim(&mut self.con, &self.keys, &call, &inputs, CLAIM_NOW, floor).await;
         let got = match got {
-            Ok(ds) => Ok(ds.into_iter().map(normal).collect::<Vec<_>>()),
+            Ok(ds) => Ok(ds),
             Err(dropgate::error::StoreError::SkuLost) => Err("lost"),
             Err(dropgate::error::StoreError::Stale) => Err("stale"),
             Err(e) => return Err(format!("claim failed: {e}")),
         };
-        let want = want.map(|ds| ds.into_iter().map(normal).collect::<Vec<_>>());
-        same("claim", &got, &want)
+        // A held winner's expiry tells the script's clock.
+        let hold_ms = self.world.hold_ms;
+        let hint = got.as_ref().ok().and_then(|ds| {
+            ds.iter().find_map(|d| match d {
+                Decision::Won {
+                    expires_ms: Some(x),
+                    ..
+                } => Some(x - hold_ms),
+                _ => None,
+            })
+        });
+        let (want, obs) = self
+            .observed(hint, |w, now| w.claim(call, &inputs, floor, now))
+            .await?;
+        for d in got.iter().flatten() {
+            self.count(format!("claim {}", decision_kind(d)));
+        }
+        same("claim", &got, &want)?;
+        Ok(obs)
     }
 
-    async fn resolve(&mut self) -> Result<(), String> {
-        let won: Vec<Uuid> = self.world.won.keys().copied().collect();
-        let id = if !won.is_empty() && self.rng.random_bool(0.4) {
-            won[self.rng.random_range(0..won.len())]
+    async fn resolve(&mut self) -> Result<Obs, String> {
+        let id = if !self.world.won_ids.is_empty() && self.rng.random_bool(0.4) {
+            self.world.won_ids[self.rng.random_range(0..self.world.won_ids.len())]
         } else if !self.sent.is_empty() && self.rng.random_bool(0.5) {
             // Any claim of a call that was sent: won, lost, or a call that never ran.
             let (call, n) = self.sent[self.rng.random_range(0..self.sent.len())];
@@ -180,43 +296,37 @@ impl Driver {
         let got = scripts::resolve_claims(&mut self.con, &self.keys, &[id])
             .await
             .map_err(|e| e.to_string())?;
-        same("resolve", &got, &vec![self.world.resolve(id)])
+        let (want, obs) = self.observed(None, |w, _| vec![w.resolve(id)]).await?;
+        same("resolve", &got, &want)?;
+        Ok(obs)
     }
 
-    async fn restock(&mut self) -> Result<(), String> {
-        let delta = self.rng.random_range(-(self.world.stock + 2)..=5);
+    async fn restock(&mut self) -> Result<Obs, String> {
+        // A SKU with holds mostly brings its stock to a few units (confirmed units are sold
+        // for good); now and then a delta that would take it below 0.
+        let stock = self.world.stock;
+        let delta = match self.world.hold_ms {
+            0 => self.rng.random_range(-(stock + 2)..=5),
+            _ if self.rng.random_ratio(1, 5) => self.rng.random_range(-(stock + 2)..=2),
+            _ => self.rng.random_range(0..=2 * self.world.limit) - stock,
+        };
         let op = Uuid::now_v7();
         let fence_first = self.rng.random_bool(0.2);
         self.log
             .push(format!("restock {delta} fence_first {fence_first}"));
+        let (k, floor) = (&self.keys, self.world.mark);
         if fence_first {
-            let r = scripts::restock(
-                &mut self.con,
-                &self.keys,
-                &op,
-                delta,
-                RestockMode::Resolve,
-                0,
-                0,
-            )
-            .await
-            .map_err(|e| e.to_string())?;
+            let r = scripts::restock(&mut self.con, k, &op, delta, RestockMode::Resolve, 0, 0)
+                .await
+                .map_err(|e| e.to_string())?;
             same("restock resolve", &r, &Restocked::NotApplied)?;
         }
-        let got = scripts::restock(
-            &mut self.con,
-            &self.keys,
-            &op,
-            delta,
-            RestockMode::Apply,
-            0,
-            self.world.mark,
-        )
-        .await;
+        let got =
+            scripts::restock(&mut self.con, k, &op, delta, RestockMode::Apply, 0, floor).await;
         let got = match got {
             Ok(Restocked::Applied { remaining, .. }) => Ok(Some(remaining)),
             Ok(Restocked::Refused) => Ok(None),
-            Ok(Restocked::NotApplied) if fence_first => return Ok(()),
+            Ok(Restocked::NotApplied) if fence_first => return self.idle().await,
             Ok(other) => return Err(format!("restock answered {other:?}")),
             Err(dropgate::error::StoreError::SkuLost) => Err("lost"),
             Err(dropgate::error::StoreError::Stale) => Err("stale"),
@@ -225,135 +335,15 @@ impl Driver {
         if fence_first {
             return Err(format!("a fenced restock applied: {got:?}"));
         }
-        let want = self.world.restock(delta);
-        same("restock", &got, &want)
-    }
-
-    async fn ack(&mut self) -> Result<(), String> {
-        let n = self.rng.random_range(1..=8);
-        let reply: Value = redis::cmd("XREADGROUP")
-            .arg("GROUP")
-            .arg("writers")
-            .arg("model")
-            .arg("COUNT")
-            .arg(n)
-            .arg("STREAMS")
-            .arg(self.keys.journal())
-            .arg(">")
-            .query_async(&mut self.con)
-            .await
-            .map_err(|e| e.to_string())?;
-        let entries = stream_entries(reply);
-        let want: Vec<Vec<Uuid>> = self
-            .world
-            .journal
-            .iter()
-            .take(entries.len())
-            .cloned()
-            .collect();
-        self.log.push(format!("ack {} entries", entries.len()));
-        let mut inv = SCRIPTS.ack_journal.prepare_invoke();
-        inv.key(self.keys.state())
-            .key(self.keys.journal())
-            .key(self.keys.holds())
-            .key(self.keys.waitlist_entries())
-            .arg("writers")
-            .arg(entries.len());
-        for ((entry_id, recs), ids) in entries.iter().zip(&want) {
-            same("winners of an entry", &recs.len(), &ids.len())?;
-            let mut units = 0;
-            for (w_got, id) in recs.iter().zip(ids) {
-                let w = &self.world.won[id];
-                let expected = (
-                    *id,
-                    w.quantity,
-                    w.seq,
-                    w.remaining,
-                    w.user.clone(),
-                    w.key.clone(),
-                );
-                let found = (
-                    w_got.claim_id,
-                    i64::from(w_got.quantity),
-                    w_got.seq,
-                    w_got.remaining_after.unwrap_or(-1),
-                    w_got.user.clone(),
-                    w_got.idempotency_key.clone(),
-                );
-                same("journal entry", &found, &expected)?;
-                units += w_got.quantity;
-            }
-            inv.arg(entry_id).arg(units);
-        }
-        if entries.len() != want.len()
-            || (entries.is_empty() && !self.world.journal.is_empty() && !self.world.lost)
-        {
-            return Err(format!(
-                "journal held {} entries, model {}",
-                entries.len(),
-                self.world.journal.len()
-            ));
-        }
-        if !entries.is_empty() {
-            let _: i64 = inv
-                .invoke_async(&mut self.con)
-                .await
-                .map_err(|e| e.to_string())?;
-            self.world.ack(entries.len());
-        }
-        Ok(())
-    }
-
-    async fn compensate(&mut self) -> Result<(), String> {
-        let won: Vec<Uuid> = self.world.won.keys().copied().collect();
-        if won.is_empty() {
-            return Ok(());
-        }
-        let id = won[self.rng.random_range(0..won.len())];
-        let w = self.world.won[&id].clone();
-        self.log.push(format!("compensate {id}"));
-        let marker = self.keys.compensation(&id);
-        let idem = w
-            .key
-            .as_ref()
-            .map_or(marker.clone(), |k| self.keys.idempotency(&w.user, k));
-        let call = |mode: &'static str| {
-            let mut inv = SCRIPTS.compensate.prepare_invoke();
-            for k in self.keys.lifecycle() {
-                inv.key(k);
-            }
-            inv.key(&marker)
-                .key(&idem)
-                .arg(mode)
-                .arg("owner")
-                .arg(&w.user)
-                .arg(w.quantity)
-                .arg(id.to_string())
-                .arg(30 * 24 * 3600);
-            inv
-        };
-        let fenced: i64 = call("fence")
-            .invoke_async(&mut self.con)
-            .await
-            .map_err(|e| e.to_string())?;
-        let gave: i64 = call("give")
-            .invoke_async(&mut self.con)
-            .await
-            .map_err(|e| e.to_string())?;
-        let got = match gave {
-            1 => Ok(true),
-            0 => Ok(false),
-            -1 => Err("closed"),
-            other => return Err(format!("compensate answered {other}")),
-        };
-        same("compensate fence", &(fenced == 1), &!w.compensated)?;
-        same("compensate", &got, &self.world.compensate(id))
+        let (want, obs) = self.observed(None, |w, now| w.restock(delta, now)).await?;
+        same("restock", &got, &want)?;
+        Ok(obs)
     }
 
     /// Redis comes back with an older state: the sequence behind the ledger's mark.
-    async fn rewind(&mut self) -> Result<(), String> {
+    async fn rewind(&mut self) -> Result<Obs, String> {
         if self.world.lost || self.world.mark == 0 {
-            return Ok(());
+            return self.idle().await;
         }
         let to = self.world.mark - 1;
         self.log.push(format!("rewind seq to {to}"));
@@ -364,138 +354,34 @@ impl Driver {
             .query_async(&mut self.con)
             .await
             .map_err(|e| e.to_string())?;
-        self.world.seq = to;
-        Ok(())
+        self.observed(None, |w, _| w.seq = to).await.map(|r| r.1)
     }
 
-    async fn lose(&mut self) -> Result<(), String> {
+    async fn lose(&mut self) -> Result<Obs, String> {
         self.log.push("lose the state".into());
         let _: () = redis::cmd("DEL")
             .arg(self.keys.state())
             .query_async(&mut self.con)
             .await
             .map_err(|e| e.to_string())?;
-        self.world.lost = true;
-        Ok(())
+        self.observed(None, |w, _| w.lost = true).await.map(|r| r.1)
     }
 
-    /// restore_sku.lua from the model's ledger, after the writer emptied the journal.
-    async fn restore(&mut self) -> Result<(), String> {
-        if !self.world.lost && !self.world.stale {
-            return Ok(());
-        }
-        while !self.world.journal.is_empty() {
-            self.ack().await?;
-        }
-        let _: () = redis::cmd("DEL")
-            .arg(self.keys.state())
-            .query_async(&mut self.con)
-            .await
-            .map_err(|e| e.to_string())?;
-        let staged = self.keys.users_restore(&Uuid::new_v4());
-        let mut pipe = redis::pipe();
-        pipe.del(&staged).ignore();
-        for (u, n) in self.world.live_users() {
-            pipe.hset(&staged, u, n).ignore();
-        }
-        let _: () = pipe
-            .query_async(&mut self.con)
-            .await
-            .map_err(|e| e.to_string())?;
-        let stock = self.world.total - self.world.live_units();
-        let seq = self.world.mark.max(self.world.seq) + 1;
-        self.log.push(format!("restore stock {stock} seq {seq}"));
-        let r: i64 = SCRIPTS
-            .restore_sku
-            .key(self.keys.state())
-            .key(self.keys.users())
-            .key(self.keys.journal())
-            .key(staged)
-            .arg(stock)
-            .arg(self.world.limit)
-            .arg(seq)
-            .arg(Uuid::nil().to_string())
-            .arg(0)
-            // No holds, the default offer time, no window, an empty waitlist.
-            .arg(0)
-            .arg(300_000)
-            .arg("")
-            .arg("")
-            .arg(0)
-            .invoke_async(&mut self.con)
-            .await
-            .map_err(|e| e.to_string())?;
-        same("restore", &r, &1)?;
-        let w = &mut self.world;
-        w.stock = stock;
-        w.seq = seq;
-        w.mark = seq;
-        w.inflight = 0;
-        w.users = w.live_users();
-        w.lost = false;
-        w.stale = false;
-        Ok(())
-    }
-
-    /// The state matches the model, and the ledger balances: nothing oversold, no count over
-    /// the limit.
-    async fn check(&mut self) -> Result<(), String> {
-        let (head, users): (StateHead, Vec<(String, i64)>) = redis::pipe()
-            .cmd("HMGET")
-            .arg(self.keys.state())
-            .arg("stock")
-            .arg("seq")
-            .arg("inflight")
-            .arg("stale")
-            .cmd("HGETALL")
-            .arg(self.keys.users())
-            .query_async(&mut self.con)
-            .await
-            .map_err(|e| e.to_string())?;
-        let w = &self.world;
-        if w.lost {
-            return same("lost state", &head.0, &None);
-        }
-        same("stock", &head.0, &Some(w.stock))?;
-        same("seq", &head.1, &Some(w.seq))?;
-        same("inflight", &head.2, &Some(w.inflight))?;
-        same("stale", &head.3.is_some(), &w.stale)?;
-        let users: std::collections::BTreeMap<String, i64> = users.into_iter().collect();
-        same("users", &users, &w.users)?;
-        if w.stock < 0 || w.stock + w.live_units() != w.total {
-            return Err(format!(
-                "ledger out of balance: {} + {} != {}",
-                w.stock,
-                w.live_units(),
-                w.total
-            ));
-        }
-        if users.values().any(|n| *n > w.limit) {
-            return Err(format!("a user holds more than {}: {users:?}", w.limit));
-        }
-        Ok(())
+    /// Observes a step that moved nothing the model does not know.
+    async fn idle(&mut self) -> Result<Obs, String> {
+        self.observed(None, |_, _| ()).await.map(|r| r.1)
     }
 }
 
-/// stock, seq, inflight, stale, as HMGET reads them.
-type StateHead = (Option<i64>, Option<i64>, Option<i64>, Option<String>);
-
-/// Replays carry the record's creation time, which the model does not track.
-fn normal(d: Decision) -> Decision {
+fn decision_kind(d: &Decision) -> &'static str {
     match d {
-        Decision::Replay {
-            claim_id,
-            quantity,
-            remaining,
-            ..
-        } => Decision::Replay {
-            claim_id,
-            quantity,
-            remaining,
-            created_ms: 0,
-            expires_ms: None,
-        },
-        other => other,
+        Decision::Won { .. } => "won",
+        Decision::Replay { .. } => "replay",
+        Decision::SoldOut { .. } => "sold_out",
+        Decision::LimitReached { .. } => "limit_reached",
+        Decision::KeyReused => "key_reused",
+        Decision::Fenced => "fenced",
+        _ => "other",
     }
 }
 
@@ -505,30 +391,4 @@ fn same<T: PartialEq + std::fmt::Debug>(what: &str, got: &T, want: &T) -> Result
     } else {
         Err(format!("{what}: redis {got:?}, model {want:?}"))
     }
-}
-
-/// Each entry's id and its winners, as the writer reads them.
-fn stream_entries(reply: Value) -> Vec<(String, Vec<Winner>)> {
-    let mut out = Vec::new();
-    let Value::Array(streams) = reply else {
-        return out;
-    };
-    for s in streams {
-        let Value::Array(mut parts) = s else { continue };
-        let Some(Value::Array(entries)) = parts.pop() else {
-            continue;
-        };
-        for e in entries {
-            let id = match &e {
-                Value::Array(parts) => match parts.first() {
-                    Some(Value::BulkString(id)) => String::from_utf8_lossy(id).into_owned(),
-                    _ => continue,
-                },
-                _ => continue,
-            };
-            let winners = dropgate::writer::winners_of("m", e).unwrap_or_default();
-            out.push((id, winners));
-        }
-    }
-    out
 }

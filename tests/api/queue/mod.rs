@@ -4,9 +4,11 @@
 //! the whole line, failing closed, and the waiting page in Chromium.
 
 mod admission;
+mod cluster;
 mod core;
 mod fairness;
 mod page;
+mod waitlist;
 
 use std::time::Duration;
 

@@ -47,8 +47,17 @@ async fn journal_len(probe: &Probe, sku: &str) -> i64 {
 }
 
 /// Waits until every SKU is quiet: journals written, nothing in flight or pending, no hold
-/// left (every hold and offer is at most 3 s), the view balanced; a state lost or left stale
-/// by a rollback is rebuilt from the ledger (a restore of a live state is refused: 409).
+/// left (every hold and offer is at most 3 s), no parked row open, the view balanced; a state
+/// lost or left stale by a rollback is rebuilt from the ledger (a restore of a live state is
+/// refused: 409).
+///
+/// A parked row still open is waited for even when the view's `pending` leaves it out (a hold
+/// that ended while parked: its units are back): until the reprocessor closes it, `issuances`
+/// may hold only its compensation decided (a `compensated` row, src/reprocess/rows.rs) or
+/// nothing, and its events are recorded by the transaction that closes it (docs/outbox.md,
+/// "What a consumer can rely on"; docs/lifecycle-writer.md, "Events of a parked claim"). A
+/// reprocessor whose attempt failed (a PostgreSQL fault, the SKU's state lost or stale until
+/// its restore) takes the row again only once its lease (30 s) runs out.
 pub async fn settle(api: &Api, probe: &Probe) -> Result<(), String> {
     for s in SKUS {
         let deadline = Instant::now() + Duration::from_secs(120);
@@ -61,22 +70,83 @@ pub async fn settle(api: &Api, probe: &Probe) -> Result<(), String> {
             .fetch_one(&probe.db)
             .await
             .unwrap_or(-1);
+            let parked: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM persistence_pending
+                  WHERE sku = $1 AND status IN ('pending', 'reprocessing')",
+            )
+            .bind(s.name)
+            .fetch_one(&probe.db)
+            .await
+            .unwrap_or(-1);
             let quiet = v["in_flight"] == 0 && v["pending"] == 0 && v["consistent"] == true;
-            if quiet && held == 0 && journal_len(probe, s.name).await == 0 {
+            if quiet && held == 0 && parked == 0 && journal_len(probe, s.name).await == 0 {
                 break;
             }
             let _ = api.restore(s.name, false).await;
             if Instant::now() > deadline {
                 return Err(format!(
                     "{} never settled within 120 s: {v}; {held} claims still held in the \
-                     ledger (every hold ends within 3 s)",
-                    s.name
+                     ledger (every hold ends within 3 s), {parked} parked rows open; redis: {}",
+                    s.name,
+                    redis_dump(probe, s.name).await
                 ));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
     Ok(())
+}
+
+/// What Redis holds of a SKU's shards (the small keys whole, the big ones by size), for a
+/// failure's message.
+pub async fn redis_dump(probe: &Probe, sku: &str) -> String {
+    let mut out = String::new();
+    for name in shard_names(sku) {
+        let pattern = format!("{}:{{{name}}}:*", probe.prefix);
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(&pattern)
+            .query_async(&mut probe.redis.clone())
+            .await
+            .unwrap_or_default();
+        for k in keys
+            .iter()
+            .filter(|k| !k.ends_with(":idem") && !k.contains(":claims:"))
+        {
+            let t: String = redis::cmd("TYPE")
+                .arg(k)
+                .query_async(&mut probe.redis.clone())
+                .await
+                .unwrap_or_default();
+            let v = match t.as_str() {
+                "hash" => redis::cmd("HGETALL")
+                    .arg(k)
+                    .query_async::<Vec<String>>(&mut probe.redis.clone())
+                    .await
+                    .map(|v| v.join(" "))
+                    .unwrap_or_default(),
+                "zset" => redis::cmd("ZRANGE")
+                    .arg(k)
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .query_async::<Vec<String>>(&mut probe.redis.clone())
+                    .await
+                    .map(|v| v.join(" "))
+                    .unwrap_or_default(),
+                "string" => redis::cmd("GET")
+                    .arg(k)
+                    .query_async::<Option<String>>(&mut probe.redis.clone())
+                    .await
+                    .ok()
+                    .flatten()
+                    .unwrap_or_default(),
+                other => other.to_string(),
+            };
+            let v: String = v.chars().take(600).collect();
+            out.push_str(&format!("\n  {k} = {v}"));
+        }
+    }
+    out
 }
 
 pub async fn ledger(probe: &Probe) -> Result<Vec<Row>, String> {
@@ -114,10 +184,10 @@ pub async fn check_ledger(
             let prev = first_win
                 .entry((a.sku.clone(), a.user.clone(), k.clone()))
                 .or_insert(id);
-            // A key's first claim that ended without its unit (compensated, or a hold cancelled
-            // or expired) may be followed by a second win under the key: a restore rebuilds the
-            // idempotency records of live claims only (API.md). Two live ones are check 2's.
-            if *prev != id && by_id.get(prev).is_none_or(|r| live(r)) {
+            // A key wins once, whatever became of its claim and whatever a restore rebuilt
+            // (it rebuilds the records of claims that ended too): only a compensated claim's
+            // record is dropped (lua/compensate.lua), so a retry is decided afresh.
+            if *prev != id && by_id.get(prev).is_none_or(|r| r.status != "compensated") {
                 return Err(format!("key {k} of {} won twice: {prev} and {id}", a.user));
             }
         }
@@ -191,20 +261,31 @@ pub async fn check_ledger(
         ));
     }
     // 4. Every unknown outcome settled: the ledger has it, or no gateway will ever sell it.
+    //    The gateway that answered keeps settling it (API.md: "within seconds of Redis
+    //    answering again"), so each is read for a few seconds before it counts as unsettled.
     for a in h.attempts.iter().filter(|a| a.code == "outcome_unknown") {
         let id = a.claim_id.expect("checked on arrival");
-        let r = api
-            .http
-            .get(format!("{}/v1/claims/{id}", api.base))
-            .bearer_auth(ADMIN)
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
-        if !matches!(r.status().as_u16(), 200 | 404) {
-            return Err(format!(
-                "unknown outcome {id} still unsettled: {}",
-                r.status()
-            ));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let r = api
+                .http
+                .get(format!("{}/v1/claims/{id}", api.base))
+                .bearer_auth(ADMIN)
+                .send()
+                .await
+                .map_err(|e| e.to_string())?;
+            let status = r.status().as_u16();
+            if matches!(status, 200 | 404) {
+                break;
+            }
+            if Instant::now() > deadline {
+                let body = r.text().await.unwrap_or_default();
+                return Err(format!(
+                    "unknown outcome {id} ({a:?}) still unsettled 10 s after the run was \
+                     quiet: {status} {body}"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
     // 5. Redis agrees with the ledger: each shard's per-user counts are the live units of the

@@ -62,6 +62,8 @@ pub struct History {
     pub refused: Vec<(String, String, String)>,
     /// Counts of every operation's answers, `op status code`, for the run's summary.
     pub answers: std::collections::BTreeMap<String, usize>,
+    /// The waiting room's tickets and readings (`queue.rs`).
+    pub queue: super::queue::Tickets,
 }
 
 impl History {

@@ -2,7 +2,8 @@
 //! lookups, confirms and cancels and their refusals, an entry's `claimed`) fits the claim's
 //! one life (`held` first, then one end; `compensated` may follow anything) and its final
 //! status in the ledger; every claim's GET now tells its ledger status; the waitlist table
-//! keeps one live entry per buyer, and `claimed` entries own a confirmed claim; and the event
+//! keeps one live entry per buyer, and `claimed` entries own a confirmed claim (or one
+//! compensated after its confirm); and the event
 //! stream, folded per claim, is the ledger: each event once, in sequence, created by
 //! `claim.won` or `waitlist.offered`, its last status the claim's status in `issuances`.
 
@@ -95,6 +96,23 @@ pub async fn check_lifecycle(
             .fetch_all(&probe.db)
             .await
             .map_err(|e| e.to_string())?;
+    // The status a compensated claim's hold had when its units went back (the reprocessor
+    // keeps it in its parked row: `mark_compensated` in src/reprocess/rows.rs, from
+    // compensate.lua's answer).
+    let compensated_from: HashMap<Uuid, String> = sqlx::query_as(
+        "SELECT claim_id, claim_status FROM persistence_pending WHERE claim_id = ANY($1)",
+    )
+    .bind(
+        rows.iter()
+            .filter(|r| r.status == "compensated")
+            .map(|r| r.claim_id)
+            .collect::<Vec<_>>(),
+    )
+    .fetch_all(&probe.db)
+    .await
+    .map_err(|e| e.to_string())?
+    .into_iter()
+    .collect();
     let mut live: HashMap<(&str, &str), usize> = HashMap::new();
     for (entry, sku, user, s, claim) in &entries {
         if matches!(s.as_str(), "waiting" | "offered") {
@@ -105,10 +123,24 @@ pub async fn check_lifecycle(
                 "entry {entry} still offered once quiet (offers last 3 s)"
             ));
         }
-        if s == "claimed" && claim.and_then(|c| status.get(&c).copied()) != Some("confirmed") {
+        // An entry is `claimed` once its offer is confirmed, and `claimed` is final (ENTRY_STEPS
+        // has no step out of it: `EntryStatus::rank`); the claim may still be compensated after
+        // the confirm (CLAIM_STEPS: `confirmed` -> `compensated`; docs/lifecycle.md, "Claim
+        // steps" and "Entry steps"), and end_hold ends only an entry still `offered`
+        // (lua/lib/lifecycle.lua). So a claimed entry's claim is confirmed, or compensated from
+        // confirmed; a compensation of a hold never confirmed is still caught.
+        let claim_ok = match claim.and_then(|c| status.get(&c).copied()) {
+            Some("confirmed") => true,
+            Some("compensated") => claim
+                .and_then(|c| compensated_from.get(&c))
+                .is_some_and(|s| s == "confirmed"),
+            _ => false,
+        };
+        if s == "claimed" && !claim_ok {
             return Err(format!(
-                "entry {entry} is claimed but its claim {claim:?} is {:?}",
-                claim.and_then(|c| status.get(&c).copied())
+                "entry {entry} is claimed but its claim {claim:?} is {:?} (compensated from {:?})",
+                claim.and_then(|c| status.get(&c).copied()),
+                claim.and_then(|c| compensated_from.get(&c))
             ));
         }
     }

@@ -19,6 +19,7 @@ pub mod holds;
 pub mod lifecycle;
 pub mod monitor;
 pub mod ops;
+pub mod queue;
 pub mod skus;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -138,8 +139,9 @@ async fn the_gateway_keeps_every_invariant_under_seeded_faults() {
     .unwrap();
     let admin = Api::new(nemesis.bases.lock()[0].clone());
     for s in SKUS {
-        let body = json!({"total": s.total, "per_user_limit": s.limit, "hold_seconds": s.hold,
+        let mut body = json!({"total": s.total, "per_user_limit": s.limit, "hold_seconds": s.hold,
                           "offer_seconds": s.offer, "shards": s.shards});
+        queue::declare_extra(s.name, &mut body);
         let r = crate::lifecycle::declare_with(&admin, s.name, body).await;
         assert_eq!(r.status(), 201, "declare {}", s.name);
     }
@@ -188,8 +190,13 @@ async fn the_gateway_keeps_every_invariant_under_seeded_faults() {
             }
         }));
     }
+    let nemesis_bases = nemesis.bases.clone();
     let nemesis = tokio::spawn(nemesis.run(seed, done.clone()));
-    let monitor = tokio::spawn(monitor::monitor(probe.clone(), done.clone()));
+    let monitor = tokio::spawn(monitor::monitor(
+        probe.clone(),
+        nemesis_bases.clone(),
+        done.clone(),
+    ));
     let mut failure = None;
     for c in clients {
         if let Err(e) = c.await.unwrap() {
@@ -222,7 +229,7 @@ async fn the_gateway_keeps_every_invariant_under_seeded_faults() {
         fail(e);
     }
     let api = Api::new(bases.lock()[0].clone());
-    if let Err(e) = final_checks(&api, &probe, &nemesis.nats, &history).await {
+    if let Err(e) = final_checks(&api, &probe, &nemesis.nats, &history, &knobs).await {
         fail(e);
     }
     eprintln!("gateway model: passed in {:?}", started.elapsed());
@@ -233,6 +240,7 @@ async fn final_checks(
     probe: &Probe,
     nats: &PrivateNats,
     history: &History,
+    knobs: &Knobs,
 ) -> Result<(), String> {
     checker::settle(api, probe).await?;
     let rows = checker::ledger(probe).await?;
@@ -250,5 +258,6 @@ async fn final_checks(
         "gateway model: {} ledger rows, {events} events, all agree",
         rows.len()
     );
-    Ok(())
+    // Last: it sells q0 out and back.
+    queue::check(api, probe, history, knobs).await
 }

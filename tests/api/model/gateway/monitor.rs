@@ -1,6 +1,8 @@
 //! What must hold at every instant, checked twice a second while the clients run: no Redis
-//! stock below 0 on any shard, no buyer's Redis count over the limit, and no SKU with more live
-//! units in the ledger than its total in two reads in a row.
+//! stock below 0 on any shard, no buyer's Redis count over the limit, no SKU with more live
+//! units in the ledger than its total in two reads in a row (once its ledger caught up), and
+//! no SKU view answering `consistent: false` three rounds in a row on a state neither stale nor
+//! lost (monitoring pages on that field: API.md).
 //!
 //! One read over may be the ledger lagging Redis: a writer's batch writes its winners before
 //! it applies its status changes (a status change needs its claim's row, which may be in the
@@ -12,6 +14,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde_json::Value;
 
 use super::skus::{max_limit, spec};
 use crate::helpers::Probe;
@@ -54,10 +59,82 @@ async fn parked(probe: &Probe, sku: &str) -> bool {
     .unwrap_or(true)
 }
 
-pub async fn monitor(probe: Probe, done: Arc<AtomicBool>) -> Result<(), String> {
+/// Consecutive rounds a SKU's view may read `consistent: false` (on a state that is present
+/// and not stale) before the run fails: one such reading can be an action half done across the
+/// stores that a fault holds up (the view then says so, API.md), a few in a row over 1.5 s is
+/// an alarm an operator would be paged for.
+const INCONSISTENT_ROUNDS: u32 = 3;
+
+/// The view of `sku` through one of the gateways, if one answered it whole.
+async fn view(http: &reqwest::Client, bases: &Mutex<Vec<String>>, sku: &str) -> Option<Value> {
+    let base = bases.lock().first().cloned()?;
+    let r = http
+        .get(format!("{base}/admin/skus/{sku}"))
+        .bearer_auth(crate::helpers::ADMIN)
+        .send()
+        .await
+        .ok()?;
+    if r.status() != 200 {
+        return None;
+    }
+    r.json().await.ok()
+}
+
+/// Whether a shard of the SKU is stale or missing in Redis (its view rightly does not balance:
+/// an operator restores it).
+async fn unfit(probe: &Probe, sku: &str) -> bool {
+    for name in shard_names(sku) {
+        let state = format!("{}:{{{name}}}:state", probe.prefix);
+        let read: redis::RedisResult<(Option<i64>, Option<String>)> = redis::pipe()
+            .cmd("HGET")
+            .arg(&state)
+            .arg("stock")
+            .cmd("HGET")
+            .arg(&state)
+            .arg("stale")
+            .query_async(&mut probe.redis.clone())
+            .await;
+        match read {
+            Ok((Some(_), None)) => {}
+            _ => return true,
+        }
+    }
+    false
+}
+
+pub async fn monitor(
+    probe: Probe,
+    bases: Arc<Mutex<Vec<String>>>,
+    done: Arc<AtomicBool>,
+) -> Result<(), String> {
     let mut over: std::collections::HashMap<String, (i64, i64)> = Default::default();
+    let mut inconsistent: std::collections::HashMap<String, u32> = Default::default();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .map_err(|e| e.to_string())?;
     while !done.load(Ordering::Relaxed) {
         tokio::time::sleep(Duration::from_millis(500)).await;
+        for s in super::skus::SKUS {
+            let Some(v) = view(&http, &bases, s.name).await else {
+                continue;
+            };
+            if v["consistent"] == false && !v["remaining"].is_null() && !unfit(&probe, s.name).await
+            {
+                eprintln!("monitor: {} reads consistent: false: {v}", s.name);
+                let n = inconsistent.entry(s.name.to_string()).or_default();
+                *n += 1;
+                if *n >= INCONSISTENT_ROUNDS {
+                    return Err(format!(
+                        "{}: the view read consistent: false {n} rounds in a row on a state \
+                         neither stale nor lost: {v}",
+                        s.name
+                    ));
+                }
+            } else {
+                inconsistent.remove(s.name);
+            }
+        }
         let rows: Vec<(String, i64, i64)> = match sqlx::query_as(
             "SELECT s.sku, s.total,
                     (SELECT COALESCE(SUM(quantity), 0)::bigint FROM issuances i

@@ -77,7 +77,27 @@ pub fn foreign_token(user: &str, sku: &str) -> String {
 
 async fn claim(cx: &Ctx<'_>, rng: &mut StdRng, step: u64) -> Result<(), String> {
     let sku = SKUS[rng.random_range(0..SKUS.len())].name;
+    if super::queue::queued(sku) {
+        // Its claims take its queue's tokens: the waiting room's operations.
+        return super::queue::step(cx, rng, step).await;
+    }
     let user = buyer(rng, sku);
+    let token = own_token(rng, &user, sku);
+    claim_as(cx, rng, step, sku, user, token, None).await
+}
+
+/// A claim of `sku` by `user` with `token` (its key fresh, a replay of an earlier one, or
+/// none). `expires`: a short-lived token's expiry (unix s), which a gateway whose clock runs
+/// ahead may already find past (401).
+pub async fn claim_as(
+    cx: &Ctx<'_>,
+    rng: &mut StdRng,
+    step: u64,
+    sku: &str,
+    user: String,
+    token: String,
+    expires: Option<i64>,
+) -> Result<(), String> {
     let prior = cx
         .history
         .lock()
@@ -110,7 +130,7 @@ async fn claim(cx: &Ctx<'_>, rng: &mut StdRng, step: u64) -> Result<(), String> 
     let mut req = cx
         .http
         .post(format!("{}/v1/skus/{sku}/claims", cx.base))
-        .bearer_auth(own_token(rng, &user, sku))
+        .bearer_auth(token)
         .json(&json!({ "quantity": qty }));
     if let Some(k) = &key {
         req = req.header("idempotency-key", k);
@@ -131,7 +151,10 @@ async fn claim(cx: &Ctx<'_>, rng: &mut StdRng, step: u64) -> Result<(), String> 
             | (429, "overloaded")
             | (503, "unavailable" | "outcome_unknown")
             | (0, "")
-    ) || (status, code.as_str()) == (400, "bad_request") && qty > spec(sku).limit;
+    ) || (status, code.as_str()) == (400, "bad_request") && qty > spec(sku).limit
+        || (status, code.as_str()) == (401, "unauthorized")
+            && expires
+                .is_some_and(|e| e - chrono::Utc::now().timestamp() < super::queue::SKEW_SECS);
     if !allowed {
         return Err(format!(
             "claim of {qty} {sku} by {user} answered {status} {body}"

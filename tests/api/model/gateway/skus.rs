@@ -58,6 +58,17 @@ pub const SKUS: &[Spec] = &[
         shards: 4,
         users: 200,
     },
+    // The waiting room (`queue.rs`): few units, holds, so it sells out and reopens as holds
+    // end and restocks come; bought only with its queue's admission tokens.
+    Spec {
+        name: "q0",
+        total: 4,
+        limit: 1,
+        hold: 2,
+        offer: 2,
+        shards: 1,
+        users: 150,
+    },
 ];
 
 pub fn spec(sku: &str) -> &'static Spec {

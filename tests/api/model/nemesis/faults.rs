@@ -14,7 +14,11 @@ impl Nemesis {
     /// only the ledger's marks). The clients are held and the writer drained first, so every
     /// winner is in the ledger: what is lost is only Redis's memory of sales and of holds and
     /// the line, which must be detected (stale), never sold or offered again.
-    pub(super) async fn roll_back(&mut self, restart_gateways: bool) {
+    ///
+    /// An operator then restores every SKU `operator` later, as the runbook says (a restore of
+    /// a SKU that is not stale is refused and changes nothing): the clients meanwhile meet the
+    /// stale states, and afterwards sell from the rebuilt ones.
+    pub(super) async fn roll_back(&mut self, restart_gateways: bool, operator: Duration) {
         let Some(snapshot) = self.snapshot.take() else {
             self.snapshot = Some(self.redis.snapshot());
             return;
@@ -61,6 +65,29 @@ impl Nemesis {
                 self.restart_gateway(i).await;
             }
         }
+        let bases = self.bases.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(operator).await;
+            for s in SKUS {
+                // Retried while the restore cannot run (a fault of the moment): 200 rebuilt,
+                // 409 not stale (or rebuilt by someone else).
+                for _ in 0..50 {
+                    let Some(base) = bases.lock().first().cloned() else {
+                        break;
+                    };
+                    let r = reqwest::Client::new()
+                        .post(format!("{base}/admin/skus/{}/restore", s.name))
+                        .bearer_auth(ADMIN)
+                        .timeout(Duration::from_secs(20))
+                        .send()
+                        .await;
+                    if r.is_ok_and(|r| matches!(r.status().as_u16(), 200 | 409)) {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        });
     }
 
     async fn journals_empty(&self, sku: &str) -> bool {

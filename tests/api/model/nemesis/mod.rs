@@ -152,7 +152,8 @@ impl Nemesis {
             }
             "rollback" => {
                 let restart = rng.random_bool(0.5);
-                self.roll_back(restart).await;
+                let operator = ms(rng, 500, 3000);
+                self.roll_back(restart, operator).await;
             }
             "redis-blackhole" => {
                 // Requests vanish on the way (and replies): then every connection is cut.
