@@ -1,4 +1,6 @@
-//! Infrastructure errors, one enum per boundary. Business outcomes (sold out, limit reached,
+//! Infrastructure errors, one enum per boundary: Redis ([`StoreError`]), PostgreSQL
+//! ([`DbError`]), a background task's pass ([`TaskError`]), an operator action
+//! ([`InventoryError`]). Business outcomes (sold out, limit reached,
 //! replay) are not here: they are values of [`crate::scripts::Decision`]. An operator's request
 //! (declare, restock, restore, the SKU view) may also be refused for a business reason: a
 //! [`Refusal`], carried by [`InventoryError`] with the infrastructure errors of that boundary.
@@ -180,6 +182,31 @@ pub enum InventoryError {
 impl From<sqlx::Error> for InventoryError {
     fn from(e: sqlx::Error) -> Self {
         InventoryError::Db(DbError::from(e))
+    }
+}
+
+/// A background task's pass failed on Redis or PostgreSQL (the writer, the reprocessor, the
+/// upkeep, the freshness refresh, the shards' recovery): the one error of that boundary. Every
+/// task logs it and tries the pass again on its next round; nothing it had decided is lost.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+impl TaskError {
+    /// Whether the failure is about one SKU's Redis state only (lost, stale), not about a
+    /// backend every SKU shares.
+    pub fn is_about_sku(&self) -> bool {
+        matches!(self, TaskError::Store(e) if e.is_about_sku())
+    }
+}
+
+impl From<sqlx::Error> for TaskError {
+    fn from(e: sqlx::Error) -> Self {
+        TaskError::Db(DbError::from(e))
     }
 }
 

@@ -44,7 +44,7 @@ pub use crate::store::recent::{RecentMarks, HORIZON, MARK_EVERY};
 
 mod upkeep;
 
-pub use upkeep::{Upkeep, UpkeepError, WALK_FAST_PAGE, WALK_PAGE};
+pub use upkeep::{Upkeep, WALK_FAST_PAGE, WALK_PAGE};
 
 /// The member that is never retired: its absence means the set was lost (see module docs). Not
 /// a valid SKU id (`^[A-Za-z0-9._-]{1,64}$`), so no SKU can take its place.

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{has_work, zadd, SENTINEL};
 use crate::clock::now_ms;
-use crate::error::{DbError, StoreError};
+use crate::error::{DbError, StoreError, TaskError};
 use crate::keys::active_skus;
 use crate::store::Store;
 
@@ -70,7 +70,7 @@ impl Upkeep {
     ///
     /// # Errors
     /// The first Redis or PostgreSQL failure; the rest of the round waits for the next one.
-    pub async fn round(&mut self) -> Result<(), UpkeepError> {
+    pub async fn round(&mut self) -> Result<(), TaskError> {
         let failed = self.store.recent_marks().take_failed();
         for sku in failed {
             // Not `mark`: the map may call this SKU fresh, yet its last call went unmarked.
@@ -113,7 +113,7 @@ impl Upkeep {
     ///
     /// # Errors
     /// The catalog read or a Redis check failed; the page is walked again next round.
-    pub async fn walk_page(&mut self) -> Result<usize, UpkeepError> {
+    pub async fn walk_page(&mut self) -> Result<usize, TaskError> {
         let page_len = if self.fast { WALK_FAST_PAGE } else { WALK_PAGE };
         let rows: Vec<(String, i32, Vec<i32>)> = sqlx::query_as(
             "SELECT sku, shards, shard_salts FROM skus WHERE sku > $1 ORDER BY sku LIMIT $2",
@@ -182,7 +182,7 @@ impl Upkeep {
     ///
     /// # Errors
     /// A Redis failure; the candidates are checked again next round.
-    pub async fn retire(&self) -> Result<usize, UpkeepError> {
+    pub async fn retire(&self) -> Result<usize, TaskError> {
         let key = active_skus(self.store.prefix());
         let cutoff = now_ms() - self.horizon.as_millis() as i64;
         let mut con = self.store.hot();
@@ -244,12 +244,4 @@ impl Upkeep {
         }
         Ok(removed)
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum UpkeepError {
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error(transparent)]
-    Db(#[from] DbError),
 }

@@ -8,7 +8,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use super::{close_stale, REFRESH};
-use crate::error::{DbError, StoreError};
+use crate::error::{DbError, TaskError};
 use crate::scripts::Floor;
 use crate::scripts::{self, fresh::Rotation};
 use crate::store::marks::Marks;
@@ -83,7 +83,7 @@ impl Refresher {
         tracing::info!("freshness refresher stopped");
     }
 
-    async fn round(&self) -> Result<(), RoundError> {
+    async fn round(&self) -> Result<(), TaskError> {
         load_new(&self.db, &self.marks).await?;
         // SKUs loaded from the catalog: each state compared once, used or not (a gateway
         // started after Redis came back older finds it without waiting for a buyer).
@@ -121,7 +121,7 @@ impl Refresher {
 
     /// Compares the state of `name` with `floor`, closing it when older. Returns its sequence
     /// and incarnation when it is present and fresh.
-    async fn compare(&self, name: &str, floor: Floor) -> Result<Option<(i64, i64)>, RoundError> {
+    async fn compare(&self, name: &str, floor: Floor) -> Result<Option<(i64, i64)>, TaskError> {
         let keys = self.store.keys(name);
         let mut con = self.store.hot();
         let (seq, stale, inc): (Option<i64>, Option<String>, Option<i64>) = self
@@ -189,12 +189,4 @@ impl Refresher {
             }
         }
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-enum RoundError {
-    #[error(transparent)]
-    Db(#[from] DbError),
-    #[error(transparent)]
-    Store(#[from] StoreError),
 }

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::config::REPROCESS_BACKOFF_CAP;
-use crate::error::{DbError, StoreError};
+use crate::error::{DbError, StoreError, TaskError};
 use crate::keys::SkuKeys;
 use crate::metrics as m;
 use crate::scripts::lifecycle::{fence_parked, give_back_parked, GiveBack, Parked};
@@ -126,7 +126,7 @@ impl Reprocessor {
         Ok(rows.len())
     }
 
-    async fn work(&self, row: &PendingRow) -> Result<(), ReprocessError> {
+    async fn work(&self, row: &PendingRow) -> Result<(), TaskError> {
         let attempt = row.attempts + 1;
         if !self.fence(row).await? {
             // Given back by an earlier owner whose PostgreSQL update did not land.
@@ -169,7 +169,7 @@ impl Reprocessor {
         row: &PendingRow,
         attempt: i32,
         reason: &str,
-    ) -> Result<(), ReprocessError> {
+    ) -> Result<(), TaskError> {
         match rows::decide_compensation(&self.db, row, self.owner, attempt, reason).await? {
             Decision::Compensate => {}
             Decision::CompensateUnrecorded(e) => {
@@ -191,7 +191,7 @@ impl Reprocessor {
         row: &PendingRow,
         attempts: i32,
         reason: Option<&str>,
-    ) -> Result<(), ReprocessError> {
+    ) -> Result<(), TaskError> {
         // The hold's status when its units went back, as Redis had it.
         let ended = match self.give(row).await? {
             GiveBack::Given { confirmed } => {
@@ -214,7 +214,7 @@ impl Reprocessor {
         attempts: i32,
         reason: Option<&str>,
         ended: Option<ClaimStatus>,
-    ) -> Result<(), ReprocessError> {
+    ) -> Result<(), TaskError> {
         let live =
             rows::mark_compensated(&self.db, row, self.owner, attempts, reason, ended).await?;
         if let Some(status) = live {
@@ -236,7 +236,7 @@ impl Reprocessor {
     }
 
     /// Puts the row back without spending an attempt, after a failure that was not about it.
-    async fn postpone(&self, row: &PendingRow, e: &DbError) -> Result<(), ReprocessError> {
+    async fn postpone(&self, row: &PendingRow, e: &DbError) -> Result<(), TaskError> {
         if e.is_retryable() {
             tracing::warn!(claim_id = %row.claim_id, error = %e, "parked claim not written this time; retrying without spending an attempt");
         } else {
@@ -312,12 +312,4 @@ fn parked(row: &PendingRow) -> Parked<'_> {
         quantity: row.quantity,
         idempotency_key: row.idempotency_key.as_deref(),
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-enum ReprocessError {
-    #[error(transparent)]
-    Db(#[from] DbError),
-    #[error(transparent)]
-    Store(#[from] StoreError),
 }

@@ -11,7 +11,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use super::transfer;
-use crate::error::{DbError, StoreError};
+use crate::error::{DbError, TaskError};
 use crate::layout::Layout;
 use crate::store::Store;
 
@@ -53,7 +53,7 @@ impl Recovery {
     /// # Errors
     /// The active set's or the catalog's error (a shard's Redis errors are logged and
     /// skipped).
-    pub async fn round(&self, older_than: Duration) -> Result<usize, RecoveryError> {
+    pub async fn round(&self, older_than: Duration) -> Result<usize, TaskError> {
         let mut active = crate::activity::members(&self.store).await?;
         active.extend(self.store.recent_marks().recent());
         let mut catalog_skus: Vec<&str> = active
@@ -116,12 +116,4 @@ impl Recovery {
         }
         Ok(finished)
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum RecoveryError {
-    #[error(transparent)]
-    Db(#[from] DbError),
-    #[error(transparent)]
-    Store(#[from] StoreError),
 }

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::activity;
-use crate::error::{DbError, StoreError};
+use crate::error::{StoreError, TaskError};
 use crate::freshness;
 use crate::journal::{self, reap_idle_consumers, Batch, WriterSignal, GONE_AFTER_CLAIM_IDLES};
 use crate::keys::ShardName;
@@ -219,7 +219,7 @@ impl Writer {
     /// Settles one SKU's entries: those held from a failed pass first, else what its journal
     /// holds, with the changes still waiting for their wins. Returns how many entries were
     /// settled.
-    async fn pass(&mut self, sku: &str, autoclaim: bool) -> Result<usize, WriteError> {
+    async fn pass(&mut self, sku: &str, autoclaim: bool) -> Result<usize, TaskError> {
         // `sku` is a Redis name (a shard of a sharded SKU is `sku#i`): read once for the
         // catalog SKU its rows name.
         let name = ShardName::parse(sku);
@@ -295,7 +295,7 @@ impl Writer {
     ///
     /// Returns the entries kept back: hold changes whose wins are still on their way
     /// (`order.rs`), with this writer's own entries found unacknowledged meanwhile.
-    async fn settle(&self, name: &ShardName, batch: &Batch) -> Result<Batch, WriteError> {
+    async fn settle(&self, name: &ShardName, batch: &Batch) -> Result<Batch, TaskError> {
         let started = Instant::now();
         let unwritable = write_batch(&self.db, &batch.winners, self.first_retry).await?;
         // Rows name the catalog's SKU, while the journal, the acknowledgements and the mark are
@@ -359,27 +359,5 @@ impl Writer {
         }
         journal::ack(&self.store, sku, ready, &forget).await?;
         Ok(kept)
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum WriteError {
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error(transparent)]
-    Db(#[from] DbError),
-}
-
-impl WriteError {
-    /// Whether the failure is about this SKU's Redis state only (lost, stale), not about a
-    /// backend every SKU shares.
-    fn is_about_sku(&self) -> bool {
-        matches!(self, WriteError::Store(e) if e.is_about_sku())
-    }
-}
-
-impl From<sqlx::Error> for WriteError {
-    fn from(e: sqlx::Error) -> Self {
-        WriteError::Db(DbError::from(e))
     }
 }

@@ -20,8 +20,7 @@ use std::collections::HashSet;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::WriteError;
-use crate::error::DbError;
+use crate::error::{DbError, TaskError};
 use crate::journal::{self, Batch};
 use crate::keys::ShardName;
 use crate::scripts;
@@ -53,7 +52,7 @@ pub async fn waiting(
     consumer: &str,
     name: &ShardName,
     batch: &Batch,
-) -> Result<Waiting, WriteError> {
+) -> Result<Waiting, TaskError> {
     let mut out = Waiting::default();
     let claims: Vec<Uuid> = batch.changes.iter().map(|c| c.claim_id).collect();
     let first = homeless(db, &claims).await?;
