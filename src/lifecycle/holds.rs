@@ -21,7 +21,8 @@ pub use crate::scripts::lifecycle::{HoldAnswer, HoldOp};
 /// written the claim at all. `None` when neither knows it.
 ///
 /// # Errors
-/// Infrastructure errors of PostgreSQL, or of Redis when the ledger has no row.
+/// Infrastructure errors of PostgreSQL, or of Redis when the ledger has no row or a row still
+/// `held` (whose end Redis may have decided already).
 pub async fn find_claim(
     store: &Store,
     catalog: &Catalog,
@@ -45,12 +46,11 @@ pub async fn find_claim(
             break;
         }
     }
-    let (record, hold) = match (read, row) {
-        (Ok(r), _) => r,
-        // The ledger's row stands when Redis cannot add to it.
-        (Err(_), Some(row)) => return Ok(Some(row)),
-        (Err(e), None) => return Err(super::read_error(e).into()),
-    };
+    // A row still `held` may be behind Redis (a confirm decided there, not yet written while
+    // the writer cannot read the journal either): without Redis its status is not known, and a
+    // reading of `held` after a 200 `confirmed` would tell the buyer two lives
+    // (MODEL_SEED=432000426898927635). Fail closed, as the decisions do.
+    let (record, hold) = read.map_err(super::read_error)?;
     let hold = hold.as_deref().and_then(Hold::parse);
     let created_at = crate::ids::created_at(&id);
     let won = record

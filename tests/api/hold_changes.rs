@@ -8,8 +8,10 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::helpers::*;
-use crate::lifecycle::{claim_id, claim_one, declare_with, get_as, ledger_statuses, settled};
-use crate::services::GatewayProcess;
+use crate::lifecycle::{
+    claim_id, claim_one, declare_with, get_as, ledger_statuses, post_as, settled,
+};
+use crate::services::{GatewayProcess, PrivateRedis};
 
 const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
 
@@ -274,4 +276,68 @@ async fn a_change_whose_win_is_unreadable_waits_for_its_quarantine_and_no_longer
         (Some(0), Some(1)),
         "{v}"
     );
+}
+
+/// A confirm decided in Redis is written by the writer a moment later. While Redis cannot be
+/// read and the ledger still says `held`, GET cannot know the hold's status: it answers 503,
+/// never the ledger's `held` after the buyer's 200 `confirmed` (MODEL_SEED=432000426898927635).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirmed_hold_is_never_read_held_from_a_ledger_behind_an_unreadable_redis() {
+    let redis = PrivateRedis::start().await;
+    let app = spawn_app_on(&redis.url()).await;
+    let r = declare_with(&app, "behind", json!({"total": 2, "hold_seconds": 600})).await;
+    assert_eq!(r.status(), 201);
+    let (status, body) = claim_one(&app, "behind", "b-1").await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (201, Some("held")),
+        "{body}"
+    );
+    let id = claim_id(&body);
+    let uuid: Uuid = id.parse().unwrap();
+    settled(&app, &app.probe, "behind").await;
+    assert_eq!(ledger_statuses(&app.probe, "behind").await[&uuid], "held");
+
+    // The writer cannot write the confirm (reads still go through).
+    let mut lock = app.db.begin().await.unwrap();
+    sqlx::query("LOCK TABLE issuances IN EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let (status, body) = post_as(&app, &format!("/v1/claims/{id}/confirm"), &token("b-1")).await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (200, Some("confirmed")),
+        "{body}"
+    );
+
+    // Redis frozen: the ledger alone says `held`.
+    redis.pause(3000).await;
+    let (status, body) = get_as(&app, &format!("/v1/claims/{id}"), &token("b-1")).await;
+    assert_eq!(status, 503, "GET told {body} while Redis could not be read");
+    assert_eq!(code(&body), "unavailable", "{body}");
+    assert_eq!(ledger_statuses(&app.probe, "behind").await[&uuid], "held");
+
+    // Once both answer, the confirm is read and written.
+    lock.rollback().await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = get_as(&app, &format!("/v1/claims/{id}"), &token("b-1")).await;
+        if status == 200 && ledger_statuses(&app.probe, "behind").await[&uuid] == "confirmed" {
+            assert_eq!(body["status"], "confirmed", "{body}");
+            break;
+        }
+        assert!(
+            matches!(status, 200 | 503),
+            "GET answered {status} {body} after Redis came back"
+        );
+        if status == 200 {
+            assert_eq!(body["status"], "confirmed", "{body}");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the confirm never reached the ledger"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
