@@ -58,7 +58,7 @@ pub(super) async fn decide_hold(
         HoldAnswer::Refused(status) => return Err(refusal(status)),
         HoldAnswer::Done => {}
     }
-    let mut claim = holds::find_claim(&state.store, &state.catalog, id)
+    let mut claim = holds::find_decided(&state.store, &state.catalog, id)
         .await?
         .ok_or(ApiError::UnknownClaim)?;
     // A 200 carries the status it asked for (API.md). Redis deciding one way while the ledger

@@ -95,6 +95,23 @@ pub async fn find_claim(
     Ok(Some(claim))
 }
 
+/// The claim right after Redis decided its hold (confirm, cancel): as [`find_claim`], but when
+/// Redis cannot be read a moment later the ledger's row stands, since the caller knows what
+/// Redis decided and takes only the rest of the row from it.
+///
+/// # Errors
+/// As [`find_claim`], but for Redis's.
+pub async fn find_decided(
+    store: &Store,
+    catalog: &Catalog,
+    id: Uuid,
+) -> Result<Option<ClaimRow>, LifecycleError> {
+    match find_claim(store, catalog, id).await {
+        Err(LifecycleError::Store(_)) => Ok(rows::find_claim(catalog.db(), id).await?),
+        other => other,
+    }
+}
+
 /// Runs decide_hold.lua on the Redis SKU `name`; `None` when it holds no hold of this id for
 /// this caller.
 async fn decide_on(
