@@ -7,6 +7,7 @@
 
 mod admin;
 mod handler;
+mod head;
 mod lifecycle;
 mod limits;
 mod live;
@@ -109,17 +110,10 @@ pub async fn serve(
                     (builder.clone(), graceful.watcher(), shutdown.clone());
                 tokio::spawn(async move {
                     let _permit = permit;
-                    // hyper allocates its buffers (8 KiB to read, 8 KiB for headers) as soon
-                    // as it is given a connection; one that has sent nothing yet costs only its
-                    // task while it waits here, 1.6 KiB instead of 33 (docs/performance.md,
-                    // "Memory per claimant and per connection"). The wait is bounded as hyper's
-                    // header read is, so an idle crowd still goes.
-                    // (A peek, not `readable()`: that may answer at once with nothing to read.)
-                    let mut byte = [0u8; 1];
-                    let first_byte =
-                        tokio::time::timeout(HEADER_READ_TIMEOUT, stream.peek(&mut byte));
+                    // Until its first head is whole, the connection waits outside hyper and
+                    // holds no buffer (head.rs).
                     tokio::select! {
-                        peeked = first_byte => if !matches!(peeked, Ok(Ok(1))) { return },
+                        whole = head::wait(&stream, HEADER_READ_TIMEOUT) => if !whole { return },
                         _ = shutdown.cancelled() => return,
                     }
                     let conn = watcher.watch(builder.serve_connection(TokioIo::new(stream), svc));
