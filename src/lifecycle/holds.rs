@@ -96,8 +96,8 @@ pub async fn find_claim(
 }
 
 /// The claim right after Redis decided its hold (confirm, cancel): as [`find_claim`], but when
-/// Redis cannot be read a moment later the ledger's row stands, since the caller knows what
-/// Redis decided and takes only the rest of the row from it.
+/// Redis cannot be read a moment later the ledger's row stands, if it has one, since the caller
+/// knows what Redis decided and takes only the rest of the row from it.
 ///
 /// # Errors
 /// As [`find_claim`], but for Redis's.
@@ -107,7 +107,12 @@ pub async fn find_decided(
     id: Uuid,
 ) -> Result<Option<ClaimRow>, LifecycleError> {
     match find_claim(store, catalog, id).await {
-        Err(LifecycleError::Store(_)) => Ok(rows::find_claim(catalog.db(), id).await?),
+        // Without a row (the writer has not written the claim) Redis's error stands: the
+        // claim exists, so it is never answered as unknown.
+        Err(LifecycleError::Store(e)) => match rows::find_claim(catalog.db(), id).await? {
+            Some(row) => Ok(Some(row)),
+            None => Err(LifecycleError::Store(e)),
+        },
         other => other,
     }
 }
