@@ -29,14 +29,11 @@ pub async fn wait(stream: &TcpStream, limit: Duration) -> bool {
 }
 
 async fn whole_head(stream: &TcpStream) -> io::Result<bool> {
-    // A second handle on the same socket (it shares its non-blocking mode): std's peek is a
-    // safe call, and tokio has no peek that answers at once.
-    let peer = std::net::TcpStream::from(stream.as_fd().try_clone_to_owned()?);
     loop {
         stream.readable().await?;
         // Peeked bytes stay unread, so the socket stays readable: a head still partial answers
         // WouldBlock, which clears that, and the next `readable()` waits for more bytes.
-        match stream.try_io(Interest::READABLE, || look(&peer)) {
+        match stream.try_io(Interest::READABLE, || look(stream)) {
             Ok(go) => return Ok(go),
             Err(e) if e.kind() == ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),
@@ -46,7 +43,11 @@ async fn whole_head(stream: &TcpStream) -> io::Result<bool> {
 
 /// `Ok(true)`: hand the connection to hyper; `Ok(false)`: the client closed; `WouldBlock`:
 /// wait for more bytes.
-fn look(peer: &std::net::TcpStream) -> io::Result<bool> {
+fn look(stream: &TcpStream) -> io::Result<bool> {
+    // A second handle on the same socket (sharing its non-blocking mode) for the moment of the
+    // look: std's peek is a safe call, and tokio has none that answers at once. Held only
+    // here, so a waiting connection keeps one descriptor, not two.
+    let peer = std::net::TcpStream::from(stream.as_fd().try_clone_to_owned()?);
     let mut buf = [0u8; PEEK_BYTES];
     let n = peer.peek(&mut buf)?;
     if n == 0 {
