@@ -78,7 +78,7 @@
 //!    the per-SKU and backend gauges, each SKU's fail-closed transitions logged once
 //!    ([`observe`]); the live drop page's data, once a second ([`live`]).
 //! 9. **http** ([`http`]): hyper front end, the route table (described by
-//!    `http/openapi.json`), what a client may hold, the state every handler shares, and the
+//!    `docs/openapi.json`), what a client may hold, the state every handler shares, and the
 //!    one place errors become problem+json.
 //! 10. **app** ([`app`], [`cli`], [`demo`]): build, bind and run a gateway ([`app`]); the
 //!     subcommands ([`cli`]); `dropgate demo`, a whole drop through a gateway of its own.

@@ -1,5 +1,5 @@
 //! `GET /openapi.json`: the OpenAPI 3.1 description of the API, kept by hand in
-//! `openapi.json` next to this file and served as it is.
+//! `docs/openapi.json` (documentation, beside the pages that explain it) and served as it is.
 //!
 //! Kept by hand rather than generated: the router is a table ([`super::router::ROUTES`]) and
 //! the handlers read raw bodies, so generating would mean annotating every handler and body
@@ -16,7 +16,7 @@ use hyper::Response;
 use super::problem::{full, Body};
 
 /// The document, as served.
-pub const DOCUMENT: &str = include_str!("openapi.json");
+pub const DOCUMENT: &str = include_str!("../../docs/openapi.json");
 
 pub(super) fn document() -> Response<Body> {
     let mut resp = Response::new(full(Bytes::from_static(DOCUMENT.as_bytes())));

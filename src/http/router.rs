@@ -54,7 +54,7 @@ const fn r(path: &'static str, allow: &'static str) -> Route {
 }
 
 /// Every route of the gateway. Adding one: an entry here, an arm in [`route`], its operation
-/// in `src/http/openapi.json`.
+/// in `docs/openapi.json`.
 pub const ROUTES: &[Route] = &[
     r("/v1/skus/{sku}/claims", "POST"),
     r("/v1/claims/{claim_id}", "GET"),

@@ -118,7 +118,7 @@ fn every_state_the_queue_scripts_read_a_ticket_as_is_in_the_table() {
 #[test]
 fn the_openapi_and_the_page_know_exactly_the_tables_ticket_states() {
     let api: Value = serde_json::from_str(
-        &std::fs::read_to_string(format!("{ROOT}/src/http/openapi.json")).unwrap(),
+        &std::fs::read_to_string(format!("{ROOT}/docs/openapi.json")).unwrap(),
     )
     .unwrap();
     let documented: BTreeSet<String> = api["components"]["schemas"]["QueueTicket"]["properties"]
