@@ -228,8 +228,10 @@ pub async fn check_ledger(
             }
             if v["recorded"] != per_sku.get(s.name).copied().unwrap_or(0) {
                 return Err(format!(
-                    "{}: the view's recorded units are not the ledger's: {v}",
-                    s.name
+                    "{}: the view's recorded units are not the ledger's ({} live in the rows \
+                     read at the start of the final check): {v}",
+                    s.name,
+                    per_sku.get(s.name).copied().unwrap_or(0)
                 ));
             }
         }
