@@ -61,6 +61,39 @@ async fn a_client_that_never_finishes_its_headers_is_disconnected() {
     assert!(read.is_ok(), "the slow client was never disconnected");
 }
 
+/// A head that arrives in pieces waits outside hyper (src/http/head.rs) and is served once its
+/// last piece comes: the wait wakes on every new piece, not only on the first byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_sent_in_pieces_is_served_once_it_is_whole() {
+    let app = spawn_app().await;
+    let mut s = tokio::net::TcpStream::connect(app.addr).await.unwrap();
+    let since = std::time::Instant::now();
+    for piece in [
+        &b"GET /heal"[..],
+        b"thz HTTP/1.1\r\nHost: x\r\n",
+        b"Connection: close\r\n",
+        b"\r\n",
+    ] {
+        s.write_all(piece).await.unwrap();
+        // The pieces must reach the server apart, each one a new wake-up of the wait.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "the whole head was never answered");
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&answer)
+    );
+    // Answered as soon as it was whole, well inside the 5 s header-read timeout.
+    assert!(
+        since.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        since.elapsed()
+    );
+}
+
 /// A connection that sends nothing waits for its first byte outside hyper (so it holds no read
 /// buffer), bounded by the same header-read timeout: it is closed, not kept forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
