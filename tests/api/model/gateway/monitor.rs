@@ -102,6 +102,97 @@ async fn unfit(probe: &Probe, sku: &str) -> bool {
     false
 }
 
+/// What a reading out of balance rests on, for its failure message: each shard's state hash
+/// and unacknowledged journal entries (winners and changes), the ledger's rows of the claims
+/// those entries carry, and the SKU's open parked, quarantined and restock rows. Read after the
+/// view, so it may have moved since; it says where the units are, not that they balanced.
+async fn explain(probe: &Probe, sku: &str) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let mut claims: Vec<uuid::Uuid> = Vec::new();
+    for name in shard_names(sku) {
+        let head = format!("{}:{{{name}}}:", probe.prefix);
+        let read: redis::RedisResult<(Vec<(String, String)>, redis::Value)> = redis::pipe()
+            .cmd("HGETALL")
+            .arg(format!("{head}state"))
+            .cmd("XRANGE")
+            .arg(format!("{head}journal"))
+            .arg("-")
+            .arg("+")
+            .arg("COUNT")
+            .arg(300)
+            .query_async(&mut probe.redis.clone())
+            .await;
+        let Ok((state, entries)) = read else {
+            let _ = write!(out, "\n  {name}: redis unreadable");
+            continue;
+        };
+        let state: Vec<String> = state
+            .into_iter()
+            .filter(|(k, _)| !k.starts_with("pool:"))
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let _ = write!(out, "\n  {name} state: {}", state.join(" "));
+        let redis::Value::Array(entries) = entries else {
+            continue;
+        };
+        let shard = dropgate::keys::ShardName::parse(&name);
+        for e in entries {
+            let b = dropgate::journal::entry_batch(&shard, e);
+            for w in &b.winners {
+                claims.push(w.claim_id);
+                let _ = write!(
+                    out,
+                    "\n    {} win {} q{} seq {} hold {:?}",
+                    w.entry_id, w.claim_id, w.quantity, w.seq, w.expires_ms
+                );
+            }
+            for c in &b.changes {
+                claims.push(c.claim_id);
+                let _ = write!(
+                    out,
+                    "\n    {} change {} {:?} q{} seq {}",
+                    c.entry_id, c.claim_id, c.status, c.quantity, c.seq
+                );
+            }
+            for w in &b.waits {
+                let _ = write!(out, "\n    {} wait {} {:?}", w.journal_entry, w.entry_id, w.status);
+            }
+            if !b.unreadable.is_empty() {
+                let _ = write!(out, "\n    {} unreadable", b.unreadable.len());
+            }
+        }
+    }
+    let rows: Result<Vec<(String, Option<uuid::Uuid>, String, Option<i64>)>, _> = sqlx::query_as(
+        "SELECT 'issuances', claim_id, status, quantity::bigint FROM issuances WHERE claim_id = ANY($1)
+         UNION ALL
+         SELECT 'pending', claim_id, status || '/' || claim_status, quantity::bigint
+           FROM persistence_pending
+          WHERE claim_id = ANY($1) OR (sku = $2 AND status <> 'resolved')
+         UNION ALL
+         SELECT 'quarantine', claim_id, COALESCE(resolved_at::text, 'open'), quantity::bigint
+           FROM quarantine WHERE claim_id = ANY($1) OR (sku = $2 AND resolved_at IS NULL)
+         UNION ALL
+         SELECT 'restock', op_id, status, delta FROM restock_ops
+          WHERE sku = $2 AND status = 'pending'",
+    )
+    .bind(&claims)
+    .bind(sku)
+    .fetch_all(&probe.db)
+    .await;
+    match rows {
+        Ok(rows) => {
+            for (table, id, status, q) in rows {
+                let _ = write!(out, "\n  ledger {table} {id:?} {status} q{q:?}");
+            }
+        }
+        Err(e) => {
+            let _ = write!(out, "\n  ledger unreadable: {e}");
+        }
+    }
+    out
+}
+
 pub async fn monitor(
     probe: Probe,
     bases: Arc<Mutex<Vec<String>>>,
@@ -122,6 +213,7 @@ pub async fn monitor(
             if v["consistent"] == false && !v["remaining"].is_null() && !unfit(&probe, s.name).await
             {
                 eprintln!("monitor: {} reads consistent: false: {v}", s.name);
+                eprintln!("monitor: {}", explain(&probe, s.name).await);
                 let n = inconsistent.entry(s.name.to_string()).or_default();
                 *n += 1;
                 if *n >= INCONSISTENT_ROUNDS {
