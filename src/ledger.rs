@@ -125,6 +125,25 @@ pub struct SkuView {
     /// A SKU with a waiting room only ([`crate::queue`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub queue: Option<crate::queue::QueueView>,
+    /// How this answer was read: whether Redis stood still while PostgreSQL was read (the
+    /// two sides one instant's), and how many readings it took. The HTTP answer carries it
+    /// in a header (`Dropgate-Reading`), not in the body the contract fixes.
+    #[serde(skip)]
+    pub reading: ReadingNote,
+}
+
+/// See [`SkuView::reading`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReadingNote {
+    pub fenced: bool,
+    pub attempts: u32,
+}
+
+impl std::fmt::Display for ReadingNote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let how = if self.fenced { "fenced" } else { "unfenced" };
+        write!(f, "{how}; attempts={}", self.attempts)
+    }
 }
 
 /// The SKU view: one reading of Redis and PostgreSQL at one instant ([`crate::books`]).
@@ -176,6 +195,10 @@ pub async fn view(store: &Store, catalog: &Catalog, sku: &str) -> Result<SkuView
             in_transit: r.in_transit,
             shards: r.shards,
             queue: queue_part(store, &row).await,
+            reading: ReadingNote {
+                fenced: r.fenced,
+                attempts: attempt as u32 + 1,
+            },
         };
         if (consistent && r.fenced) || r.remaining.is_none() {
             return Ok(v);
@@ -235,6 +258,7 @@ mod tests {
             consistent,
             in_transit: None,
             shards: None,
+            reading: ReadingNote::default(),
             queue: None,
         }
     }

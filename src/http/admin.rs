@@ -170,7 +170,13 @@ pub(super) async fn sku_view(
     admin(state, req)?;
     check_sku(sku)?;
     let v = ledger::view(&state.store, &state.catalog, sku).await?;
-    Ok(json(StatusCode::OK, &v))
+    let mut r = json(StatusCode::OK, &v);
+    // Whether the numbers are one instant's (docs/ledger-view.md): an answer read while Redis
+    // kept moving says so here, since the body's fields are the contract's.
+    if let Ok(h) = hyper::header::HeaderValue::from_str(&v.reading.to_string()) {
+        r.headers_mut().insert("dropgate-reading", h);
+    }
+    Ok(r)
 }
 
 pub(super) async fn restock(

@@ -431,3 +431,71 @@ async fn a_compensation_given_back_in_redis_and_not_yet_recorded_never_shows_the
         "{v}"
     );
 }
+
+/// Readings of the books (their first query: the total with the restocks not finished)
+/// queued behind a lock, in this database.
+async fn lock_waiters(probe: &Probe) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+          WHERE NOT l.granted AND a.datname = current_database()
+            AND a.query LIKE '%array_agg(r.op_id%'",
+    )
+    .fetch_one(&probe.db)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_view_says_in_its_header_whether_redis_stood_still_while_postgres_was_read() {
+    // The gauges read the same books: only the view under test may queue behind the lock.
+    let app = spawn_app_with(|raw| raw.sku_gauges_interval_ms = "3600000".into()).await;
+    assert_eq!(app.declare("still", 10, 1).await.status(), 201);
+    assert_eq!(claim_one(&app.api, "still", "u-1").await.0, 201);
+    app.drained("still").await;
+    let header = |r: &reqwest::Response| {
+        r.headers()
+            .get("dropgate-reading")
+            .map(|h| h.to_str().unwrap().to_string())
+    };
+    let get = || {
+        app.api
+            .http
+            .get(format!("{}/admin/skus/still", app.api.base))
+            .bearer_auth(ADMIN)
+            .send()
+    };
+    // Quiet: the first reading is one instant's.
+    let quiet = get().await.unwrap();
+    assert_eq!(header(&quiet).as_deref(), Some("fenced; attempts=1"));
+
+    // The view's snapshot waits behind a lock (restock_ops: read by the reading, not by the
+    // catalog look-up before it) while a buyer moves Redis: that reading cannot be fenced.
+    let mut lock = app.probe.db.begin().await.unwrap();
+    sqlx::query("LOCK TABLE restock_ops IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let view = tokio::spawn(get());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while lock_waiters(&app.probe).await == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the view never read the ledger"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(claim_one(&app.api, "still", "u-2").await.0, 201);
+    lock.rollback().await.unwrap();
+    let moved = view.await.unwrap().unwrap();
+    assert_eq!(moved.status(), 200);
+    // The locked reading was not fenced; a later one was (the writer's acknowledgement of the
+    // new claim may move Redis under one more).
+    let h = header(&moved).expect("the header");
+    let attempts: u32 = h
+        .strip_prefix("fenced; attempts=")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("a fenced reading: {h}"));
+    assert!((2..=10).contains(&attempts), "{h}");
+    let v: Value = moved.json().await.unwrap();
+    assert_eq!(v["consistent"], true, "{v}");
+}

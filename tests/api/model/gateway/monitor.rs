@@ -65,8 +65,13 @@ async fn parked(probe: &Probe, sku: &str) -> bool {
 /// an alarm an operator would be paged for.
 const INCONSISTENT_ROUNDS: u32 = 3;
 
-/// The view of `sku` through one of the gateways, if one answered it whole.
-async fn view(http: &reqwest::Client, bases: &Mutex<Vec<String>>, sku: &str) -> Option<Value> {
+/// The view of `sku` through one of the gateways, if one answered it whole, with how it was
+/// read (its `Dropgate-Reading` header: fenced or not, readings taken).
+async fn view(
+    http: &reqwest::Client,
+    bases: &Mutex<Vec<String>>,
+    sku: &str,
+) -> Option<(Value, String)> {
     let base = bases.lock().first().cloned()?;
     let r = http
         .get(format!("{base}/admin/skus/{sku}"))
@@ -77,7 +82,13 @@ async fn view(http: &reqwest::Client, bases: &Mutex<Vec<String>>, sku: &str) -> 
     if r.status() != 200 {
         return None;
     }
-    r.json().await.ok()
+    let reading = r
+        .headers()
+        .get("dropgate-reading")
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("-")
+        .to_string();
+    Some((r.json().await.ok()?, reading))
 }
 
 /// Whether a shard of the SKU is stale or missing in Redis (its view rightly does not balance:
@@ -156,7 +167,11 @@ async fn explain(probe: &Probe, sku: &str) -> String {
                 );
             }
             for w in &b.waits {
-                let _ = write!(out, "\n    {} wait {} {:?}", w.journal_entry, w.entry_id, w.status);
+                let _ = write!(
+                    out,
+                    "\n    {} wait {} {:?}",
+                    w.journal_entry, w.entry_id, w.status
+                );
             }
             if !b.unreadable.is_empty() {
                 let _ = write!(out, "\n    {} unreadable", b.unreadable.len());
@@ -207,19 +222,22 @@ pub async fn monitor(
     while !done.load(Ordering::Relaxed) {
         tokio::time::sleep(Duration::from_millis(500)).await;
         for s in super::skus::SKUS {
-            let Some(v) = view(&http, &bases, s.name).await else {
+            let Some((v, reading)) = view(&http, &bases, s.name).await else {
                 continue;
             };
             if v["consistent"] == false && !v["remaining"].is_null() && !unfit(&probe, s.name).await
             {
-                eprintln!("monitor: {} reads consistent: false: {v}", s.name);
+                eprintln!(
+                    "monitor: {} reads consistent: false ({reading}): {v}",
+                    s.name
+                );
                 eprintln!("monitor: {}", explain(&probe, s.name).await);
                 let n = inconsistent.entry(s.name.to_string()).or_default();
                 *n += 1;
                 if *n >= INCONSISTENT_ROUNDS {
                     return Err(format!(
                         "{}: the view read consistent: false {n} rounds in a row on a state \
-                         neither stale nor lost: {v}",
+                         neither stale nor lost ({reading}): {v}",
                         s.name
                     ));
                 }
