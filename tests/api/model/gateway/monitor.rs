@@ -113,6 +113,9 @@ async fn unfit(probe: &Probe, sku: &str) -> bool {
     false
 }
 
+/// One row of [`explain`]'s ledger part: table, claim (or restock), status, units.
+type LedgerLine = (String, Option<uuid::Uuid>, String, Option<i64>);
+
 /// What a reading out of balance rests on, for its failure message: each shard's state hash
 /// and unacknowledged journal entries (winners and changes), the ledger's rows of the claims
 /// those entries carry, and the SKU's open parked, quarantined and restock rows. Read after the
@@ -178,7 +181,7 @@ async fn explain(probe: &Probe, sku: &str) -> String {
             }
         }
     }
-    let rows: Result<Vec<(String, Option<uuid::Uuid>, String, Option<i64>)>, _> = sqlx::query_as(
+    let rows: Result<Vec<LedgerLine>, _> = sqlx::query_as(
         "SELECT 'issuances', claim_id, status, quantity::bigint FROM issuances WHERE claim_id = ANY($1)
          UNION ALL
          SELECT 'pending', claim_id, status || '/' || claim_status, quantity::bigint
