@@ -24,6 +24,9 @@ use crate::helpers::Probe;
 /// A shard's per-user counts and its stock, as Redis holds them.
 type UsersAndStock = (Vec<(String, i64)>, Option<i64>);
 
+/// A ledger row the explanation lists: its table, id, status and units.
+type LedgerRow = (String, Option<uuid::Uuid>, String, Option<i64>);
+
 /// The Redis names of a model SKU's shards (one Redis: no placement salts).
 pub fn shard_names(sku: &str) -> Vec<String> {
     (0..spec(sku).shards as u16)
@@ -156,14 +159,18 @@ async fn explain(probe: &Probe, sku: &str) -> String {
                 );
             }
             for w in &b.waits {
-                let _ = write!(out, "\n    {} wait {} {:?}", w.journal_entry, w.entry_id, w.status);
+                let _ = write!(
+                    out,
+                    "\n    {} wait {} {:?}",
+                    w.journal_entry, w.entry_id, w.status
+                );
             }
             if !b.unreadable.is_empty() {
                 let _ = write!(out, "\n    {} unreadable", b.unreadable.len());
             }
         }
     }
-    let rows: Result<Vec<(String, Option<uuid::Uuid>, String, Option<i64>)>, _> = sqlx::query_as(
+    let rows: Result<Vec<LedgerRow>, _> = sqlx::query_as(
         "SELECT 'issuances', claim_id, status, quantity::bigint FROM issuances WHERE claim_id = ANY($1)
          UNION ALL
          SELECT 'pending', claim_id, status || '/' || claim_status, quantity::bigint
