@@ -19,6 +19,7 @@ use dashmap::DashMap;
 
 use dropgate::live::ClaimStats;
 use dropgate::metrics::{CLAIM_OUTCOMES, LATENCY_BUCKETS};
+use dropgate::sku::SkuId;
 
 /// One SKU's counts by outcome and by latency bucket.
 type Counters = std::sync::Arc<(Vec<AtomicU64>, Vec<AtomicU64>)>;
@@ -60,6 +61,7 @@ impl AtomicBuckets {
 const TOOK: Duration = Duration::from_micros(640);
 
 fn one_thread(c: &mut Criterion) {
+    let sku = SkuId::parse("drop-1").unwrap();
     let hdr = ClaimStats::default();
     let atomic = AtomicBuckets::default();
     let mut group = c.benchmark_group("live_stats");
@@ -68,7 +70,7 @@ fn one_thread(c: &mut Criterion) {
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
     group.bench_function("hdr_window", |b| {
-        b.iter(|| hdr.record(black_box("drop-1"), black_box("won"), black_box(TOOK)));
+        b.iter(|| hdr.record(black_box(sku), black_box("won"), black_box(TOOK)));
     });
     group.bench_function("atomic_buckets", |b| {
         b.iter(|| atomic.record(black_box("drop-1"), black_box("won"), black_box(TOOK)));
@@ -77,6 +79,7 @@ fn one_thread(c: &mut Criterion) {
 }
 
 fn two_threads(c: &mut Criterion) {
+    let sku = SkuId::parse("drop-1").unwrap();
     let hdr = ClaimStats::default();
     let atomic = AtomicBuckets::default();
     // Each iteration: both threads record 1,000 claims of the same SKU at once.
@@ -92,7 +95,7 @@ fn two_threads(c: &mut Criterion) {
                 for _ in 0..2 {
                     s.spawn(|| {
                         for _ in 0..PER_ITER {
-                            hdr.record(black_box("drop-1"), "won", TOOK);
+                            hdr.record(black_box(sku), "won", TOOK);
                         }
                     });
                 }

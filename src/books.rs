@@ -24,6 +24,7 @@ use crate::layout::Layout;
 use crate::scripts::{self, books::Side};
 use crate::shards::transfer::Pending;
 use crate::shards::view::{ShardState, ShardView};
+use crate::sku::SkuId;
 use crate::store::Store;
 
 mod ledger_side;
@@ -134,7 +135,7 @@ pub struct Reading {
 pub async fn read(
     store: &Store,
     db: &PgPool,
-    sku: &str,
+    sku: &SkuId,
     layout: Layout,
 ) -> Result<Reading, DbError> {
     let names = layout.names(sku);

@@ -18,6 +18,7 @@ use tokio::sync::Semaphore;
 
 use crate::error::DbError;
 use crate::scripts::operator::{Terms, DEFAULT_OFFER_SECS};
+use crate::sku::SkuId;
 
 /// A negative answer is trusted this long, so a repeated unknown id costs one query per
 /// second, while a SKU declared on another gateway becomes visible quickly.
@@ -81,6 +82,11 @@ pub struct Sku {
 }
 
 impl Sku {
+    /// The row's SKU id (trusted: only a checked id was ever declared).
+    pub fn id(&self) -> &SkuId {
+        SkuId::trusted(&self.sku)
+    }
+
     /// What Redis needs of this row's terms. An offer is held `offer_seconds`, else `hold_seconds`, else
     /// [`DEFAULT_OFFER_SECS`]: an offer always leaves time to take it.
     pub fn terms(&self) -> Terms {
@@ -140,7 +146,7 @@ impl Catalog {
     /// # Errors
     /// [`CatalogError::Busy`] when no lookup turn came within [`LOOKUP_WAIT`];
     /// [`CatalogError::Db`] when the cache cannot answer and PostgreSQL is unreachable.
-    pub async fn get(&self, sku: &str) -> Result<Option<Arc<Sku>>, CatalogError> {
+    pub async fn get(&self, sku: &SkuId) -> Result<Option<Arc<Sku>>, CatalogError> {
         if let Some(hit) = self.cached(sku) {
             return Ok(hit);
         }
@@ -156,10 +162,10 @@ impl Catalog {
     }
 
     /// `Some(answer)` when the cache can answer: the row, or `None` for a fresh negative.
-    fn cached(&self, sku: &str) -> Option<Option<Arc<Sku>>> {
+    fn cached(&self, sku: &SkuId) -> Option<Option<Arc<Sku>>> {
         // Copy out and drop the shard guard before anything else touches the map: a DashMap
         // guard held across `get_mut` on the same shard deadlocks the worker thread.
-        let hit = self.cache.get(sku).and_then(|e| match &*e {
+        let hit = self.cache.get(sku.as_str()).and_then(|e| match &*e {
             Entry::Known(s, at) => Some(Some((s.clone(), at.elapsed() > self.refresh_after))),
             Entry::Unknown(at) if at.elapsed() < NEGATIVE_TTL => Some(None),
             Entry::Unknown(_) => None,
@@ -176,12 +182,12 @@ impl Catalog {
     ///
     /// # Errors
     /// The database error.
-    pub async fn load(&self, sku: &str) -> Result<Option<Arc<Sku>>, DbError> {
+    pub async fn load(&self, sku: &SkuId) -> Result<Option<Arc<Sku>>, DbError> {
         let row = fetch(&self.db, sku).await?;
         Ok(self.remember(sku, row))
     }
 
-    pub fn remember(&self, sku: &str, row: Option<Sku>) -> Option<Arc<Sku>> {
+    pub fn remember(&self, sku: &SkuId, row: Option<Sku>) -> Option<Arc<Sku>> {
         let now = Instant::now();
         match row {
             Some(s) => {
@@ -201,7 +207,7 @@ impl Catalog {
         }
     }
 
-    fn remember_unknown(&self, sku: &str, now: Instant) {
+    fn remember_unknown(&self, sku: &SkuId, now: Instant) {
         if self.negatives.load(Ordering::Relaxed) >= MAX_NEGATIVE_ENTRIES {
             self.sweep_expired(now);
         }
@@ -251,9 +257,9 @@ impl Catalog {
         self.cache.len()
     }
 
-    fn refresh_in_background(&self, sku: &str) {
+    fn refresh_in_background(&self, sku: &SkuId) {
         // Re-stamp first so one stale entry starts one refresh, not one per request.
-        if let Some(mut e) = self.cache.get_mut(sku) {
+        if let Some(mut e) = self.cache.get_mut(sku.as_str()) {
             if let Entry::Known(s, _) = &*e {
                 *e = Entry::Known(s.clone(), Instant::now());
             }
@@ -262,8 +268,10 @@ impl Catalog {
         let sku = sku.to_string();
         tokio::spawn(async move {
             // A failed refresh keeps the cached row: claims never wait on PostgreSQL.
-            if let Ok(row) = fetch(&this.db, &sku).await {
-                this.remember(&sku, row);
+            // A copy of the checked id this was called with.
+            let sku = SkuId::trusted(&sku);
+            if let Ok(row) = fetch(&this.db, sku).await {
+                this.remember(sku, row);
             }
         });
     }
@@ -283,7 +291,7 @@ impl Catalog {
             .await
             .map_err(DbError::from)?;
         match sku {
-            Some(sku) => self.get(&sku).await,
+            Some(sku) => self.get(SkuId::trusted(&sku)).await,
             None => Ok(None),
         }
     }
@@ -291,7 +299,7 @@ impl Catalog {
 
 /// # Errors
 /// The database error.
-pub async fn fetch(db: &PgPool, sku: &str) -> Result<Option<Sku>, DbError> {
+pub async fn fetch(db: &PgPool, sku: &SkuId) -> Result<Option<Sku>, DbError> {
     Ok(sqlx::query_as::<_, Sku>(
         "SELECT sku, total, per_user_limit, hold_seconds, seeded, redis_seq, declare_id,
                 offer_seconds, opens_at, closes_at, tag, shards, shard_salts,
@@ -316,11 +324,9 @@ pub async fn all_ids(db: &PgPool) -> Result<Vec<String>, DbError> {
     )
 }
 
-/// Whether `s` is a valid SKU id (`^[A-Za-z0-9._-]{1,64}$`).
+/// Whether `s` is a valid SKU id (`^[A-Za-z0-9._-]{1,64}$`; the rule is [`SkuId::parse`]'s).
 pub fn valid_sku_id(s: &str) -> bool {
-    (1..=64).contains(&s.len())
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    SkuId::parse(s).is_some()
 }
 
 #[cfg(test)]

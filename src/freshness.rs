@@ -97,9 +97,10 @@ pub async fn record_batch(
     Ok(mark)
 }
 
-/// Marks the SKU's Redis state stale (every gateway fails closed on it until a restore).
-pub async fn close_stale(store: &Store, sku: &str, why: &str) {
-    let keys = store.keys(sku);
+/// Marks the state of the Redis SKU `name` (a SKU, or one shard of one) stale (every gateway
+/// fails closed on it until a restore).
+pub async fn close_stale(store: &Store, name: &str, why: &str) {
+    let keys = store.keys(name);
     let mut con = store.hot();
     match store
         .bounded(scripts::mark_stale(&mut con, &keys, why))
@@ -108,12 +109,12 @@ pub async fn close_stale(store: &Store, sku: &str, why: &str) {
         Ok(true) => {
             m::stale_state();
             tracing::error!(
-                sku,
+                sku = name,
                 why,
                 "redis holds an older state than the ledger: the SKU is closed until restore"
             );
         }
         Ok(false) => {}
-        Err(e) => tracing::warn!(sku, error = %e, "could not mark a stale state; retrying"),
+        Err(e) => tracing::warn!(sku = name, error = %e, "could not mark a stale state; retrying"),
     }
 }

@@ -8,13 +8,15 @@
 //! and live in a slot of their own. SKU ids match `^[A-Za-z0-9._-]{1,64}$`, so `#` never
 //! occurs in one and [`split_shard`] always finds the catalog SKU back. Everything below works
 //! on Redis names; only the writer (the rows' `sku` column), the accounting and the HTTP layer
-//! turn them back into SKUs.
+//! turn them back into SKUs ([`ShardName::sku`], a [`SkuId`]).
+
+use crate::sku::SkuId;
 
 /// The Redis name of shard `shard` of `sku` with placement salt `salt`: the SKU itself for
 /// shard 0, `<sku>#<shard>` for salt 0 (the name every shard had before salts, so existing
 /// SKUs keep their keys), `<sku>#<shard>.<salt>` otherwise. Only a catalog row's
 /// [`crate::layout::Layout`] knows a shard's salt: build names through it.
-pub fn shard_name(sku: &str, shard: u16, salt: u16) -> String {
+pub fn shard_name(sku: &SkuId, shard: u16, salt: u16) -> String {
     match (shard, salt) {
         (0, _) => sku.to_string(),
         (_, 0) => format!("{sku}#{shard}"),
@@ -84,9 +86,10 @@ impl ShardName {
         &self.name
     }
 
-    /// The catalog SKU (the rows' `sku` column).
-    pub fn sku(&self) -> &str {
-        &self.name[..self.sku_len]
+    /// The catalog SKU (the rows' `sku` column). Trusted: the name came from our own store,
+    /// where only a checked SKU's shards are named.
+    pub fn sku(&self) -> &SkuId {
+        SkuId::trusted(&self.name[..self.sku_len])
     }
 
     /// The shard's number (0: the SKU itself).
@@ -146,9 +149,10 @@ pub struct SkuKeys {
 }
 
 impl SkuKeys {
-    pub fn new(prefix: &str, sku: &str) -> Self {
+    /// The keys of the Redis SKU `name`: a catalog SKU's own name, or a shard's.
+    pub fn new(prefix: &str, name: &str) -> Self {
         SkuKeys {
-            head: format!("{prefix}:{{{sku}}}:"),
+            head: format!("{prefix}:{{{name}}}:"),
         }
     }
 

@@ -9,6 +9,7 @@ use sqlx::Row;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::keys::shard_name;
+use crate::sku::SkuId;
 
 /// Most shards a SKU may have.
 pub const MAX_SHARDS: i32 = 16;
@@ -116,12 +117,12 @@ impl Layout {
     }
 
     /// The Redis name of shard `shard` of `sku`.
-    pub fn name(&self, sku: &str, shard: u16) -> String {
+    pub fn name(&self, sku: &SkuId, shard: u16) -> String {
         shard_name(sku, shard, self.salt(shard))
     }
 
     /// The Redis names of every shard of `sku`, shard 0 first.
-    pub fn names(&self, sku: &str) -> Vec<String> {
+    pub fn names(&self, sku: &SkuId) -> Vec<String> {
         (0..u16::from(self.count))
             .map(|i| self.name(sku, i))
             .collect()
@@ -133,7 +134,7 @@ impl Layout {
     }
 
     /// The Redis name of the shard that serves `user` on `sku`.
-    pub fn name_for_user(&self, sku: &str, user: &str) -> String {
+    pub fn name_for_user(&self, sku: &SkuId, user: &str) -> String {
         self.name(sku, self.shard_of_user(user))
     }
 }
@@ -151,10 +152,14 @@ impl<'r> sqlx::FromRow<'r, PgRow> for Layout {
 mod tests {
     use super::*;
 
+    fn s() -> &'static SkuId {
+        SkuId::parse("s").expect("a valid SKU id")
+    }
+
     #[test]
     fn a_layout_without_salts_keeps_the_names_shards_always_had() {
-        assert_eq!(Layout::SINGLE.names("s"), vec!["s"]);
-        assert_eq!(Layout::unsalted(3).names("s"), vec!["s", "s#1", "s#2"]);
+        assert_eq!(Layout::SINGLE.names(s()), vec!["s"]);
+        assert_eq!(Layout::unsalted(3).names(s()), vec!["s", "s#1", "s#2"]);
         assert_eq!(Layout::stored(3, &[]), Layout::unsalted(3));
         assert_eq!(Layout::stored(3, &[0, 0, 0]), Layout::unsalted(3));
         assert!(Layout::unsalted(3).stored_salts().is_empty());
@@ -165,19 +170,19 @@ mod tests {
     fn salts_name_their_shards_and_are_stored_as_read_back() {
         let l = Layout::salted(4, &[9, 0, 17, 3]);
         // Shard 0 is the SKU itself: a salt given for it is dropped.
-        assert_eq!(l.names("s"), vec!["s", "s#1", "s#2.17", "s#3.3"]);
+        assert_eq!(l.names(s()), vec!["s", "s#1", "s#2.17", "s#3.3"]);
         assert_eq!(l.stored_salts(), vec![0, 0, 17, 3]);
         assert_eq!(Layout::stored(4, &l.stored_salts()), l);
         // A short column means salt 0 for the rest; salts past the count are ignored.
         assert_eq!(
-            Layout::stored(3, &[0, 5]).names("s"),
+            Layout::stored(3, &[0, 5]).names(s()),
             vec!["s", "s#1.5", "s#2"]
         );
-        assert_eq!(Layout::salted(2, &[0, 1, 2]).names("s"), vec!["s", "s#1.1"]);
+        assert_eq!(Layout::salted(2, &[0, 1, 2]).names(s()), vec!["s", "s#1.1"]);
         let user = "u-1";
         assert_eq!(
-            l.name_for_user("s", user),
-            l.name("s", l.shard_of_user(user))
+            l.name_for_user(s(), user),
+            l.name(s(), l.shard_of_user(user))
         );
     }
 

@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use crate::catalog::{self, Catalog};
 use crate::error::{InventoryError, Refusal};
+use crate::sku::SkuId;
 use crate::store::Store;
 
 /// The view of every SKU (or of one), for `dropgate reconcile`.
@@ -14,15 +15,16 @@ use crate::store::Store;
 pub async fn accounting(
     store: &Store,
     catalog: &Catalog,
-    only: Option<&str>,
+    only: Option<&SkuId>,
 ) -> Result<Vec<SkuView>, InventoryError> {
     let ids = match only {
-        Some(s) => vec![s.to_string()],
+        Some(s) => vec![s.as_str().to_owned()],
         None => catalog::all_ids(catalog.db()).await?,
     };
     let mut out = Vec::with_capacity(ids.len());
+    // The caller's checked id, or the catalog's own.
     for id in ids {
-        out.push(view(store, catalog, &id).await?);
+        out.push(view(store, catalog, SkuId::trusted(&id)).await?);
     }
     Ok(out)
 }
@@ -154,7 +156,11 @@ impl std::fmt::Display for ReadingNote {
 /// # Errors
 /// [`Refusal::UnknownSku`] or the database error. An unreachable Redis is not an error here:
 /// `remaining` is then `None` and the view is not consistent.
-pub async fn view(store: &Store, catalog: &Catalog, sku: &str) -> Result<SkuView, InventoryError> {
+pub async fn view(
+    store: &Store,
+    catalog: &Catalog,
+    sku: &SkuId,
+) -> Result<SkuView, InventoryError> {
     let db = catalog.db();
     let row = catalog::fetch(db, sku)
         .await?

@@ -9,8 +9,10 @@
 //! it does.
 //!
 //! 1. **core** ([`auth`], [`clock`], [`config`], [`error`], [`ids`], [`keys`], [`layout`],
-//!    [`metrics`], [`pace`], [`record`], [`repeats`], [`startup`], [`status`]): the domain's
-//!    words and rules, with no Redis or PostgreSQL call.
+//!    [`metrics`], [`pace`], [`record`], [`repeats`], [`sku`], [`startup`], [`status`]): the
+//!    domain's words and rules, with no Redis or PostgreSQL call.
+//!    - [`sku`]: a catalog SKU's id, a type of its own ([`sku::SkuId`], checked once at the
+//!      edge), so it cannot be mistaken for a shard's Redis name ([`keys::ShardName`]).
 //!    - [`ids`]: claim, call and entry ids carry their SKU's tag, so a claim is found by id
 //!      alone before the writer has it; a claim's id is its call's id and its index in it.
 //!    - [`status`]: the one lifecycle table of claim, waitlist-entry and ticket states and
@@ -116,6 +118,7 @@ pub mod metrics;
 pub mod pace;
 pub mod record;
 pub mod repeats;
+pub mod sku;
 pub mod startup;
 pub mod status;
 

@@ -16,6 +16,8 @@ use std::time::Duration;
 use metrics::{counter, gauge, histogram, Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
+use crate::sku::SkuId;
+
 mod register;
 
 /// Latency buckets in seconds: the hot path lives between 100 µs and a few ms.
@@ -282,7 +284,7 @@ pub fn backends_up(redis: Option<bool>, postgres: Option<bool>) {
 
 /// Ghost holds (past their expires_at, not yet expired) and the waitlist's length, as Redis
 /// has them; NaN when Redis cannot tell.
-pub fn sku_lifecycle(sku: &str, counts: Option<(i64, i64)>) {
+pub fn sku_lifecycle(sku: &SkuId, counts: Option<(i64, i64)>) {
     let (ghosts, line) = counts.map_or((f64::NAN, f64::NAN), |(g, l)| (g as f64, l as f64));
     gauge!(SKU_GHOST_HOLDS, "sku" => sku.to_string()).set(ghosts);
     gauge!(SKU_WAITLIST, "sku" => sku.to_string()).set(line);
@@ -290,12 +292,12 @@ pub fn sku_lifecycle(sku: &str, counts: Option<(i64, i64)>) {
 
 /// Claims the ledger still has held past their time (see [`crate::observe`]); NaN when the
 /// ledger could not be read.
-pub fn sku_overdue_holds(sku: &str, n: Option<i64>) {
+pub fn sku_overdue_holds(sku: &SkuId, n: Option<i64>) {
     gauge!(SKU_OVERDUE_HOLDS, "sku" => sku.to_string()).set(n.map_or(f64::NAN, |n| n as f64));
 }
 
 /// The SKU's Redis side is unknown (Redis unreachable): what depends on it turns NaN.
-pub fn sku_redis_unknown(sku: &str) {
+pub fn sku_redis_unknown(sku: &SkuId) {
     for name in [SKU_REMAINING, SKU_IN_FLIGHT, SKU_CONSISTENT, SKU_UNWRITTEN] {
         gauge!(name, "sku" => sku.to_string()).set(f64::NAN);
     }
@@ -303,7 +305,7 @@ pub fn sku_redis_unknown(sku: &str) {
 
 /// Sets `dropgate_sku_closed{sku, reason}`: 1 for the reason the SKU fails closed, 0 for the
 /// others (both 0 while it is open), so each series exists and an alert sees it change.
-pub fn sku_closed(sku: &str, reason: Option<&str>) {
+pub fn sku_closed(sku: &SkuId, reason: Option<&str>) {
     for r in CLOSED_REASONS {
         let v = f64::from(u8::from(reason == Some(*r)));
         gauge!(SKU_CLOSED, "sku" => sku.to_string(), "reason" => *r).set(v);

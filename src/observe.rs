@@ -29,6 +29,7 @@ use crate::error::StoreError;
 use crate::layout::Layout;
 use crate::ledger::{self, SkuView};
 use crate::metrics as m;
+use crate::sku::SkuId;
 use crate::store::Store;
 
 /// SKU views read per round at most (see the module docs for what one costs).
@@ -64,9 +65,9 @@ pub struct FailClosed {
 
 impl FailClosed {
     /// Records that `sku` fails closed for `why`; logs at ERROR when that is news.
-    pub fn close(&self, sku: &str, why: Closed) {
+    pub fn close(&self, sku: &SkuId, why: Closed) {
         m::sku_closed(sku, Some(why.label()));
-        let news = match self.skus.entry(sku.to_string()) {
+        let news = match self.skus.entry(sku.as_str().to_owned()) {
             Entry::Occupied(mut e) => e.insert(why) != why,
             Entry::Vacant(e) => {
                 e.insert(why);
@@ -76,12 +77,12 @@ impl FailClosed {
         if news {
             match why {
                 Closed::Lost => tracing::error!(
-                    sku,
+                    sku = sku.as_str(),
                     reason = why.label(),
                     "redis holds no state for the SKU: its claims fail closed (503) until POST /admin/skus/{{sku}}/restore"
                 ),
                 Closed::Stale => tracing::error!(
-                    sku,
+                    sku = sku.as_str(),
                     reason = why.label(),
                     "redis holds an older state of the SKU than the ledger: its claims fail closed (503) until POST /admin/skus/{{sku}}/restore"
                 ),
@@ -90,11 +91,11 @@ impl FailClosed {
     }
 
     /// Records that `sku` is open; logs at INFO when it was closed.
-    pub fn open(&self, sku: &str) {
+    pub fn open(&self, sku: &SkuId) {
         m::sku_closed(sku, None);
-        if let Some((_, was)) = self.skus.remove(sku) {
+        if let Some((_, was)) = self.skus.remove(sku.as_str()) {
             tracing::info!(
-                sku,
+                sku = sku.as_str(),
                 was = was.label(),
                 "the SKU's redis state is back: its claims are decided again"
             );
@@ -179,16 +180,17 @@ impl Observer {
             _ => String::new(),
         };
         for (sku, seeded, shards, salts) in page {
+            let sku = SkuId::trusted(&sku);
             if redis.is_err() {
-                m::sku_redis_unknown(&sku);
+                m::sku_redis_unknown(sku);
                 continue;
             }
-            self.observe(&sku, seeded, Layout::stored(shards, &salts))
+            self.observe(sku, seeded, Layout::stored(shards, &salts))
                 .await;
         }
     }
 
-    async fn observe(&self, sku: &str, seeded: bool, layout: Layout) {
+    async fn observe(&self, sku: &SkuId, seeded: bool, layout: Layout) {
         // Every shard of a sharded SKU (src/shards/): the SKU fails closed as a whole when any
         // shard is lost or stale, and its holds and lines live on every shard.
         let mut heads = Vec::with_capacity(layout.count() as usize);
@@ -236,7 +238,9 @@ impl Observer {
         m::sku_overdue_holds(sku, overdue_holds(self.catalog.db(), sku).await);
         match ledger::view(&self.store, &self.catalog, sku).await {
             Ok(v) => publish_view(&v),
-            Err(e) => tracing::debug!(sku, error = %e, "observer could not read the SKU view"),
+            Err(e) => {
+                tracing::debug!(sku = sku.as_str(), error = %e, "observer could not read the SKU view")
+            }
         }
     }
 }
@@ -248,7 +252,7 @@ const OVERDUE_AFTER_SECS: i32 = 5;
 /// Claims of `sku` the ledger still has `held` more than [`OVERDUE_AFTER_SECS`] past their
 /// `expires_at` (`dropgate_sku_overdue_held_claims`): the ledger's side of ghost holds, whose
 /// Redis side is `dropgate_sku_ghost_holds`. `None` when the query fails.
-async fn overdue_holds(db: &sqlx::PgPool, sku: &str) -> Option<i64> {
+async fn overdue_holds(db: &sqlx::PgPool, sku: &SkuId) -> Option<i64> {
     sqlx::query_scalar(
         "SELECT count(*) FROM issuances
           WHERE sku = $1 AND status = 'held'
@@ -258,7 +262,7 @@ async fn overdue_holds(db: &sqlx::PgPool, sku: &str) -> Option<i64> {
     .bind(f64::from(OVERDUE_AFTER_SECS))
     .fetch_one(db)
     .await
-    .map_err(|e| tracing::debug!(sku, error = %e, "observer could not count overdue holds"))
+    .map_err(|e| tracing::debug!(sku = sku.as_str(), error = %e, "observer could not count overdue holds"))
     .ok()
 }
 

@@ -44,6 +44,7 @@ pub enum Settled {
 
 #[derive(Debug, Clone)]
 pub struct Unsettled {
+    /// The Redis SKU the claim's call went to: the SKU, or the buyer's shard of it.
     pub sku: String,
     pub user: String,
     pub quantity: u32,
@@ -72,13 +73,13 @@ impl Settler {
         }
     }
 
-    /// Takes over a claim whose outcome is unknown.
-    pub fn hand_over(&self, sku: &str, claim_id: Uuid, user: &str, quantity: u32) {
+    /// Takes over a claim whose outcome is unknown, sent to the Redis SKU `name`.
+    pub fn hand_over(&self, name: &str, claim_id: Uuid, user: &str, quantity: u32) {
         m::outcome_unknown();
         self.claims.insert(
             claim_id,
             Unsettled {
-                sku: sku.to_string(),
+                sku: name.to_string(),
                 user: user.to_string(),
                 quantity,
                 state: Settled::Pending,

@@ -52,38 +52,38 @@ pub const SENTINEL: &str = "*";
 /// Members read per `ZRANGE` of the set.
 const MEMBERS_PAGE: isize = 1000;
 
-/// Marks `sku` active unless this gateway did so less than [`MARK_EVERY`] ago. Never fails: a
-/// mark that got no answer is remembered and retried by [`Upkeep`] (meanwhile the catalog walk
-/// is the backstop).
-pub async fn mark(store: &Store, sku: &str) {
+/// Marks the Redis SKU `name` (a SKU, or one shard of one) active unless this gateway did so
+/// less than [`MARK_EVERY`] ago. Never fails: a mark that got no answer is remembered and
+/// retried by [`Upkeep`] (meanwhile the catalog walk is the backstop).
+pub async fn mark(store: &Store, name: &str) {
     let recent = store.recent_marks();
-    if recent.fresh(sku) {
+    if recent.fresh(name) {
         return;
     }
     let sent = Instant::now();
-    match zadd(store, sku).await {
+    match zadd(store, name).await {
         Ok(()) => {
-            recent.marked(sku, sent);
+            recent.marked(name, sent);
         }
         Err(e) => {
-            tracing::debug!(sku, error = %e, "could not mark the SKU active; retrying next round");
-            recent.failed(sku);
+            tracing::debug!(sku = name, error = %e, "could not mark the SKU active; retrying next round");
+            recent.failed(name);
         }
     }
 }
 
-/// Runs `call`, a script call that can journal for `sku` or give it holds, together with the
-/// SKU's [`mark`] (see the module docs for why together is as safe as before).
+/// Runs `call`, a script call that can journal for the Redis SKU `name` or give it holds,
+/// together with its [`mark`] (see the module docs for why together is as safe as before).
 pub async fn with_mark<T>(
     store: &Store,
-    sku: &str,
+    name: &str,
     call: impl std::future::Future<Output = T>,
 ) -> T {
-    let ((), out) = tokio::join!(mark(store, sku), call);
+    let ((), out) = tokio::join!(mark(store, name), call);
     out
 }
 
-async fn zadd(store: &Store, sku: &str) -> Result<(), StoreError> {
+async fn zadd(store: &Store, name: &str) -> Result<(), StoreError> {
     let key = active_skus(store.prefix());
     let mut con = store.hot();
     store
@@ -91,7 +91,7 @@ async fn zadd(store: &Store, sku: &str) -> Result<(), StoreError> {
             Ok(redis::cmd("ZADD")
                 .arg(&key)
                 .arg(now_ms())
-                .arg(sku)
+                .arg(name)
                 .query_async::<i64>(&mut con)
                 .await
                 .map(|_| ())?)
@@ -128,10 +128,11 @@ pub async fn members(store: &Store) -> Result<Vec<String>, StoreError> {
     }
 }
 
-/// Whether the SKU has work left for the background: entries in its journal (winners and
-/// changes not yet written), holds in its expiry set, a waitlist, transfers it began to a
-/// sibling shard and has not finished, or units kept in its waitlist pool (the last two only on
-/// a shard of a sharded SKU, src/shards/: the recovery task finishes and feeds them). Empty
+/// Whether the Redis SKU `name` (a SKU, or one shard of one) has work left for the background:
+/// entries in its journal (winners and changes not yet written), holds in its expiry set, a
+/// waitlist, transfers it began to a sibling shard and has not finished, or units kept in its
+/// waitlist pool (the last two only on a shard of a sharded SKU, src/shards/: the recovery task
+/// finishes and feeds them). Empty
 /// sorted sets and hashes do not exist in Redis, so `EXISTS` counts them; the journal stream
 /// outlives its entries (the writer's group lives on it) and `XLEN` counts what
 /// `ack_journal.lua` has not trimmed: it trims every written entry, so a stream of written
@@ -139,8 +140,8 @@ pub async fn members(store: &Store) -> Result<Vec<String>, StoreError> {
 ///
 /// # Errors
 /// Redis unreachable or timed out.
-pub async fn has_work(store: &Store, sku: &str) -> Result<bool, StoreError> {
-    let keys = store.keys(sku);
+pub async fn has_work(store: &Store, name: &str) -> Result<bool, StoreError> {
+    let keys = store.keys(name);
     let mut con = store.hot();
     let (entries, sets, pool): (i64, i64, Option<i64>) = store
         .bounded(async {

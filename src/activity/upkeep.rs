@@ -11,6 +11,7 @@ use super::{has_work, zadd, SENTINEL};
 use crate::clock::now_ms;
 use crate::error::{DbError, StoreError, TaskError};
 use crate::keys::active_skus;
+use crate::sku::SkuId;
 use crate::store::Store;
 
 /// One round of [`Upkeep`]: failed marks retried, the sentinel checked, a catalog page walked,
@@ -128,7 +129,7 @@ impl Upkeep {
         let names: Vec<String> = rows
             .iter()
             .flat_map(|(sku, shards, salts)| {
-                crate::layout::Layout::stored(*shards, salts).names(sku)
+                crate::layout::Layout::stored(*shards, salts).names(SkuId::trusted(sku))
             })
             .collect();
         let store = &self.store;

@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use crate::error::DbError;
 use crate::journal::Batch;
+use crate::sku::SkuId;
 
 /// Ledger sums of one SKU, in units. Each claim counts in one sum at most:
 /// - `recorded`: `issuances` rows of live claims (`issued`, `held`, `confirmed`); a
@@ -35,7 +36,7 @@ pub struct LedgerSums {
 /// The database error.
 pub async fn ledger_sums<'e>(
     db: impl sqlx::PgExecutor<'e>,
-    sku: &str,
+    sku: &SkuId,
 ) -> Result<LedgerSums, DbError> {
     Ok(sqlx::query_as(
         "SELECT
@@ -81,7 +82,7 @@ pub(super) struct LedgerSide {
 
 pub(super) async fn ledger_side(
     db: &PgPool,
-    sku: &str,
+    sku: &SkuId,
     claims: &[Uuid],
     waits: &[Uuid],
 ) -> Result<LedgerSide, DbError> {

@@ -52,7 +52,7 @@ pub(super) type Decided = (Vec<Result<Decision, StoreError>>, bool);
 /// activity mark, so some writer reads what it journals (see [`activity`]).
 pub(super) async fn decide_batch(
     store: &Store,
-    sku: &str,
+    name: &str,
     keys: &SkuKeys,
     call: &Uuid,
     inputs: &[ClaimInput],
@@ -68,7 +68,7 @@ pub(super) async fn decide_batch(
         now_ms(),
         floor,
     ));
-    let result = activity::with_mark(store, sku, sent).await;
+    let result = activity::with_mark(store, name, sent).await;
     m::redis_call("claim", started.elapsed());
     let ids = || -> Vec<Uuid> { (0..inputs.len()).map(|i| ids::claim_in(call, i)).collect() };
     match result {

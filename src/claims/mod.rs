@@ -69,7 +69,8 @@ struct Lane {
 /// Decides claims; shared by every request.
 pub struct ClaimService {
     store: Store,
-    /// One lane per SKU seen; the set is bounded by the catalog.
+    /// One lane per Redis SKU seen (a SKU, or one shard of one); the set is bounded by the
+    /// catalog.
     lanes: DashMap<String, Arc<Mutex<Lane>>>,
     /// Off: one script call per claim (kept for the benchmarks' side-by-side runs).
     coalesce: bool,
@@ -134,13 +135,13 @@ impl ClaimService {
         idempotency_key: Option<String>,
     ) -> Result<Outcome, StoreError> {
         let started = Instant::now();
-        let sku = entry.sku.as_str();
+        let sku = entry.id();
         let layout = entry.layout;
         let shard = layout.shard_of_user(user);
         // Shard 0 is the SKU itself: a SKU of one shard names nothing new.
         let shard_name;
         let name = if shard == 0 {
-            sku
+            sku.as_str()
         } else {
             shard_name = layout.name(sku, shard);
             shard_name.as_str()
@@ -280,10 +281,10 @@ impl ClaimService {
             .map(|d| (ids::claim_in(&call, 0), d))
     }
 
-    async fn decide_coalesced(&self, sku: &str, tag: i32, input: ClaimInput) -> Answer {
-        let lane = match self.lanes.get(sku) {
+    async fn decide_coalesced(&self, name: &str, tag: i32, input: ClaimInput) -> Answer {
+        let lane = match self.lanes.get(name) {
             Some(l) => l.clone(),
-            None => self.lanes.entry(sku.to_string()).or_default().clone(),
+            None => self.lanes.entry(name.to_string()).or_default().clone(),
         };
         let (tx, rx) = oneshot::channel();
         let start_call = {
@@ -296,8 +297,8 @@ impl ClaimService {
         };
         if start_call {
             let store = self.store.clone();
-            let sku = sku.to_string();
-            tokio::spawn(drain_lane(store, sku, tag, lane, self.marks.clone()));
+            let name = name.to_string();
+            tokio::spawn(drain_lane(store, name, tag, lane, self.marks.clone()));
         }
         // A call that panicked is read back by drain_lane itself (it alone knows the ids), so
         // a lost sender means the task died before this claim's call was formed or sent.
@@ -312,12 +313,12 @@ impl ClaimService {
 /// Calls Redis for the queued claims of one SKU until the queue is empty.
 async fn drain_lane(
     store: Store,
-    sku: String,
+    name: String,
     tag: i32,
     lane: Arc<Mutex<Lane>>,
     marks: Arc<Marks>,
 ) {
-    let keys = store.keys(&sku);
+    let keys = store.keys(&name);
     loop {
         let batch: Vec<(ClaimInput, Reply)> = {
             let mut l = lane.lock();
@@ -343,11 +344,11 @@ async fn drain_lane(
         let call = ids::mint_call(tag);
         let decided = AssertUnwindSafe(decide_batch(
             &store,
-            &sku,
+            &name,
             &keys,
             &call,
             &inputs,
-            marks.fence(&sku),
+            marks.fence(&name),
         ))
         .catch_unwind()
         .await;

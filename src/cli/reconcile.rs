@@ -8,6 +8,7 @@ use std::io::Write;
 use super::token::quiet_end;
 use super::ReconcileArgs;
 use crate::error::{InventoryError, Refusal};
+use crate::sku::SkuId;
 use crate::startup::{redact, Exit, Failure};
 
 /// Prints the table; `Ok(false)` when any SKU does not balance. A reader that goes away
@@ -17,15 +18,17 @@ use crate::startup::{redact, Exit, Failure};
 /// The [`Failure`] of the database, of Redis, or of an unknown `--sku`.
 pub async fn reconcile(args: ReconcileArgs) -> anyhow::Result<bool> {
     let stores = args.stores;
-    if let Some(sku) = &args.sku {
-        if !crate::catalog::valid_sku_id(sku) {
+    let only = match args.sku.as_deref().map(SkuId::parse) {
+        Some(None) => {
             return Err(Failure::new(
                 Exit::Config,
                 "--sku: a SKU id matches ^[A-Za-z0-9._-]{1,64}$",
             )
             .into());
         }
-    }
+        Some(Some(sku)) => Some(sku),
+        None => None,
+    };
     // A one-off reader: the gateway's default bound of a call.
     let timeout = std::time::Duration::from_millis(
         crate::config::DEFAULT_REDIS_TIMEOUT_MS
@@ -37,7 +40,7 @@ pub async fn reconcile(args: ReconcileArgs) -> anyhow::Result<bool> {
         .await
         .map_err(|e| Failure::redis(&stores.redis_url, &e))?;
     let catalog = crate::catalog::Catalog::new(db);
-    let views = match crate::ledger::accounting(&store, &catalog, args.sku.as_deref()).await {
+    let views = match crate::ledger::accounting(&store, &catalog, only).await {
         Ok(v) => v,
         Err(InventoryError::Refused(Refusal::UnknownSku)) => {
             return Err(Failure::new(

@@ -58,7 +58,7 @@ pub fn run(t: &TokenArgs) -> Result<(), Failure> {
     let refused = |m: String| Failure::new(Exit::Config, m);
     let secret = crate::config::admission_secret(t.admission_secret.as_deref()).map_err(refused)?;
     if let Some(sku) = &t.sku {
-        if !crate::catalog::valid_sku_id(sku) {
+        if crate::sku::SkuId::parse(sku).is_none() {
             return Err(refused(
                 "--sku: a SKU id matches ^[A-Za-z0-9._-]{1,64}$".into(),
             ));

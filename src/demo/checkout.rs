@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde_json::Value;
 
+use crate::sku::SkuId;
+
 /// What buyer `i` of the drop's winners does with its hold: confirm (the first `confirm` in
 /// every hundred), cancel (the next `cancel`), or nothing (left to expiry).
 fn choice(i: usize, confirm: u8, cancel: u8) -> &'static str {
@@ -24,7 +26,7 @@ fn choice(i: usize, confirm: u8, cancel: u8) -> &'static str {
 pub struct Checkout<'a> {
     pub http: &'a reqwest::Client,
     pub base: &'a str,
-    pub sku: &'a str,
+    pub sku: &'a SkuId,
     pub admin_auth: &'a str,
     /// Bearer tokens by user.
     pub tokens: &'a HashMap<String, String>,

@@ -10,6 +10,7 @@ use tokio::sync::Barrier;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::DemoArgs;
+use crate::sku::SkuId;
 
 mod checkout;
 mod queue;
@@ -35,7 +36,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(args.buyers)
         .build()?;
-    let sku = format!("demo-{}", chrono::Utc::now().format("%Y%m%d-%H%M%S-%3f"));
+    let name = format!("demo-{}", chrono::Utc::now().format("%Y%m%d-%H%M%S-%3f"));
+    let sku = SkuId::parse(&name).context("the demo's SKU id")?;
     let admin_auth = format!("Bearer {}", admin.expose());
     if args.queue {
         let room = queue::Room {
@@ -44,7 +46,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             admin_auth: &admin_auth,
             secret: &secret,
         };
-        let done = room.run(&args, &sku).await;
+        let done = room.run(&args, sku).await;
         shutdown.cancel();
         let _ = server.await;
         return done;
@@ -69,7 +71,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let mut tasks = Vec::with_capacity(args.buyers);
     let mut tokens = std::collections::HashMap::new();
     for i in 0..args.buyers {
-        let token = crate::auth::mint(&secret, &format!("buyer-{i}"), Some(&sku), 600)?;
+        let token = crate::auth::mint(&secret, &format!("buyer-{i}"), Some(sku.as_str()), 600)?;
         tokens.insert(format!("buyer-{i}"), token.clone());
         let (http, barrier, url) = (
             http.clone(),
@@ -140,7 +142,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         let c = checkout::Checkout {
             http: &http,
             base: &base,
-            sku: &sku,
+            sku,
             admin_auth: &admin_auth,
             tokens: &tokens,
             hold_seconds: args.hold_seconds,

@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 
 use crate::cli::DemoArgs;
 use crate::config::Secret;
+use crate::sku::SkuId;
 
 pub(super) struct Room<'a> {
     pub http: &'a reqwest::Client,
@@ -19,7 +20,7 @@ pub(super) struct Room<'a> {
 }
 
 impl Room<'_> {
-    pub async fn run(&self, args: &DemoArgs, sku: &str) -> anyhow::Result<()> {
+    pub async fn run(&self, args: &DemoArgs, sku: &SkuId) -> anyhow::Result<()> {
         let (base, http) = (self.base, self.http);
         let rate = (args.buyers / 5).max(20);
         let opens = chrono::Utc::now() + chrono::Duration::seconds(3);
@@ -44,7 +45,7 @@ impl Room<'_> {
         );
         println!("seed commitment: {commitment}");
         // Nobody gets past the room with a token it did not mint.
-        let plain = crate::auth::mint(self.secret, "gatecrasher", Some(sku), 60)?;
+        let plain = crate::auth::mint(self.secret, "gatecrasher", Some(sku.as_str()), 60)?;
         let r = self.claim(sku, &plain).await?;
         println!("a token the queue did not mint: {} {}", r.0, r.1["code"]);
         let mut tickets = Vec::with_capacity(args.buyers);
@@ -110,7 +111,7 @@ impl Room<'_> {
         Ok(())
     }
 
-    async fn view(&self, sku: &str) -> anyhow::Result<Value> {
+    async fn view(&self, sku: &SkuId) -> anyhow::Result<Value> {
         Ok(self
             .http
             .get(format!("{}/admin/skus/{sku}", self.base))
@@ -121,7 +122,7 @@ impl Room<'_> {
             .await?)
     }
 
-    async fn claim(&self, sku: &str, token: &str) -> anyhow::Result<(u16, Value)> {
+    async fn claim(&self, sku: &SkuId, token: &str) -> anyhow::Result<(u16, Value)> {
         let r = self
             .http
             .post(format!("{}/v1/skus/{sku}/claims", self.base))

@@ -11,6 +11,7 @@ use super::{close_stale, REFRESH};
 use crate::error::{DbError, TaskError};
 use crate::scripts::Floor;
 use crate::scripts::{self, fresh::Rotation};
+use crate::sku::SkuId;
 use crate::store::marks::Marks;
 use crate::store::Store;
 
@@ -47,7 +48,7 @@ pub async fn load_new(db: &PgPool, marks: &Marks) -> Result<usize, DbError> {
             marks.learn(sku, *seq, *inc);
             let layout = crate::layout::Layout::stored(*shards, salts);
             fresh.push(sku.clone());
-            for name in layout.names(sku).into_iter().skip(1) {
+            for name in layout.names(SkuId::trusted(sku)).into_iter().skip(1) {
                 shard_names.push(name);
             }
         }

@@ -52,7 +52,7 @@ pub(super) async fn declare(
     req: Request<Incoming>,
 ) -> Result<Response<Body>> {
     admin(state, &req)?;
-    check_sku(sku)?;
+    let sku = check_sku(sku)?;
     let body: DeclareBody = parse(&read_body(req).await?)?;
     let limit = body.per_user_limit.unwrap_or(1);
     let hold = body.hold_seconds.unwrap_or(0);
@@ -168,7 +168,7 @@ pub(super) async fn sku_view(
     req: &Request<Incoming>,
 ) -> Result<Response<Body>> {
     admin(state, req)?;
-    check_sku(sku)?;
+    let sku = check_sku(sku)?;
     let v = ledger::view(&state.store, &state.catalog, sku).await?;
     let mut r = json(StatusCode::OK, &v);
     // Whether the numbers are one instant's (docs/ledger-view.md): an answer read while Redis
@@ -185,7 +185,7 @@ pub(super) async fn restock(
     req: Request<Incoming>,
 ) -> Result<Response<Body>> {
     admin(state, &req)?;
-    check_sku(sku)?;
+    let sku = check_sku(sku)?;
     let RestockBody { delta } = parse(&read_body(req).await?)?;
     // `unsigned_abs`: `abs` of i64::MIN overflows (a panic in a debug build, a negative
     // "absolute value" that passes the check in a release build).
@@ -215,7 +215,7 @@ pub(super) async fn restore(
     req: &Request<Incoming>,
 ) -> Result<Response<Body>> {
     admin(state, req)?;
-    check_sku(sku)?;
+    let sku = check_sku(sku)?;
     let force = match req.uri().query() {
         None | Some("") | Some("force=false") => false,
         Some("force=true") => true,

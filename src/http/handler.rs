@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::problem::{full, ApiError, Body};
 use super::AppState;
-use crate::catalog::valid_sku_id;
+use crate::sku::SkuId;
 
 /// A handler's answer: a response, or the error the one place ([`super::problem`]) turns into
 /// problem+json.
@@ -23,14 +23,11 @@ pub(super) fn admin(state: &AppState, req: &Request<Incoming>) -> Result<()> {
         .map_err(ApiError::Unauthorized)
 }
 
-pub(super) fn check_sku(sku: &str) -> Result<()> {
-    if valid_sku_id(sku) {
-        Ok(())
-    } else {
-        Err(ApiError::BadRequest(
-            "a SKU id matches ^[A-Za-z0-9._-]{1,64}$".into(),
-        ))
-    }
+/// The path's SKU segment as a SKU id, checked once here: past this point a handler holds a
+/// [`SkuId`], never the raw segment.
+pub(super) fn check_sku(sku: &str) -> Result<&SkuId> {
+    SkuId::parse(sku)
+        .ok_or_else(|| ApiError::BadRequest("a SKU id matches ^[A-Za-z0-9._-]{1,64}$".into()))
 }
 
 pub(super) fn header<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {

@@ -67,7 +67,7 @@ pub(super) async fn decide_hold(
     let confirmed_final = op == HoldOp::Confirm && claim.status == ClaimStatus::Issued;
     if claim.status != op.target() && claim.status != ClaimStatus::Held && !confirmed_final {
         if let Some(sku) = crate::lifecycle::sku_of(&state.catalog, &id).await? {
-            let name = sku.layout.name_for_user(&sku.sku, &claim.user);
+            let name = sku.layout.name_for_user(sku.id(), &claim.user);
             crate::freshness::close_stale(&state.store, &name, "a hold decided against the ledger")
                 .await;
         }
@@ -111,7 +111,7 @@ pub(super) async fn join_waitlist(
     if !buyer.may_act_on(sku) {
         return Err(ApiError::Unauthorized(AuthError::WrongSku));
     }
-    check_sku(sku)?;
+    let sku = check_sku(sku)?;
     let entry = state
         .catalog
         .get(sku)

@@ -17,6 +17,7 @@ use crate::catalog::Sku;
 use crate::error::StoreError;
 use crate::queue::calls::{self, Joined, Report};
 use crate::queue::{self as q, order};
+use crate::sku::SkuId;
 use crate::status::TicketState;
 
 #[derive(Serialize)]
@@ -42,7 +43,7 @@ struct TicketView<'a> {
 /// (`tid` is the visitor's ticket on this SKU, and the token is for this SKU). The token is
 /// signed, so its ticket, SKU and expiry are the queue's own; nothing is read.
 pub(super) fn admitted_here(state: &AppState, entry: &Sku, buyer: &Buyer) -> Result<()> {
-    let ticket = order::ticket_id(&state.secret, &entry.sku, entry.tag, &buyer.user);
+    let ticket = order::ticket_id(&state.secret, entry.id(), entry.tag, &buyer.user);
     let minted = buyer.sku.as_deref() == Some(entry.sku.as_str())
         && buyer
             .ticket
@@ -65,7 +66,7 @@ pub(super) async fn join(
         .verifier
         .visitor(header(req, AUTHORIZATION.as_str()))
         .map_err(ApiError::Unauthorized)?;
-    check_sku(sku)?;
+    let sku = check_sku(sku)?;
     let entry = state
         .catalog
         .get(sku)
@@ -77,7 +78,7 @@ pub(super) async fn join(
     };
     let ticket = order::ticket_id(&state.secret, sku, entry.tag, &visitor);
     let key = order::shuffle_key(&order::seed_bytes(&settings.seed), &ticket);
-    let keys = state.store.keys(sku);
+    let keys = state.store.keys(sku.as_str());
     let mut con = state.store.hot();
     let joined = state
         .store
@@ -87,7 +88,7 @@ pub(super) async fn join(
             &ticket,
             key,
             &visitor,
-            state.store.floor(sku),
+            state.store.floor(sku.as_str()),
         ))
         .await
         .map_err(read_error)?;
@@ -136,7 +137,7 @@ pub(super) async fn get_ticket(
         .ok_or(ApiError::UnknownTicket)?;
     // Another visitor's ticket is indistinguishable from a missing one.
     if let Some(v) = &visitor {
-        if order::ticket_id(&state.secret, &entry.sku, entry.tag, v) != ticket {
+        if order::ticket_id(&state.secret, entry.id(), entry.tag, v) != ticket {
             return Err(ApiError::UnknownTicket);
         }
     }
@@ -165,7 +166,12 @@ async fn sku_of_ticket(state: &AppState, ticket: &Uuid) -> Result<Option<std::sy
     let tag = crate::ids::tag_of(ticket);
     let known = state.ticket_tags.get(&tag).map(|s| s.clone());
     if let Some(sku) = known {
-        return state.catalog.get(&sku).await.map_err(ApiError::from);
+        // A catalog row's id, kept by this gateway.
+        return state
+            .catalog
+            .get(SkuId::trusted(&sku))
+            .await
+            .map_err(ApiError::from);
     }
     let found = crate::lifecycle::sku_of(&state.catalog, ticket)
         .await
@@ -206,7 +212,7 @@ fn ticket_view<'a>(
     };
     let (token, expires) = match (ticket_state, visitor) {
         (TicketState::Admitted, Some(v)) => (
-            q::admission_token(&state.secret, &entry.sku, v, ticket, r.admitted_ms, ttl).ok(),
+            q::admission_token(&state.secret, entry.id(), v, ticket, r.admitted_ms, ttl).ok(),
             chrono::DateTime::from_timestamp_millis(r.admitted_ms + i64::from(ttl) * 1000)
                 .map(|t| q::rfc3339(&t)),
         ),
@@ -230,8 +236,8 @@ fn ticket_view<'a>(
 /// the page itself (no asset from another host); it reads the visitor token from the URL's
 /// fragment (never sent to a server) or the page's form, joins, then polls the ticket.
 pub(super) fn page(sku: &str) -> Result<Response<Body>> {
-    check_sku(sku)?;
-    let html = include_str!("../queue/page.html").replace("{{SKU}}", sku);
+    let sku = check_sku(sku)?;
+    let html = include_str!("../queue/page.html").replace("{{SKU}}", sku.as_str());
     let mut resp = Response::new(full(Bytes::from(html)));
     let h = resp.headers_mut();
     h.insert(

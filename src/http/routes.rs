@@ -19,6 +19,7 @@ use crate::lifecycle::rows::ClaimRow;
 use crate::metrics as m;
 use crate::observe::Closed;
 use crate::settle::Settled;
+use crate::sku::SkuId;
 use crate::status::ClaimStatus;
 
 // === claims ===
@@ -31,7 +32,7 @@ struct ClaimBody {
 #[derive(Serialize)]
 struct ClaimResponse<'a> {
     claim_id: Uuid,
-    sku: &'a str,
+    sku: &'a SkuId,
     user: &'a str,
     quantity: u32,
     status: ClaimStatus,
@@ -49,7 +50,7 @@ pub(super) async fn claim(
         .admitted(header(&req, AUTHORIZATION.as_str()), Some(sku))
         .map_err(ApiError::Unauthorized)?;
     let user = buyer.user.clone();
-    check_sku(sku)?;
+    let sku = check_sku(sku)?;
     let idempotency_key = idempotency_key(&req)?;
     let quantity = claim_quantity(&read_body(req).await?)?;
     let entry = state
@@ -105,7 +106,7 @@ pub(super) async fn claim(
 /// The answer is also counted for the live page ([`crate::live::ClaimStats`]).
 fn log_decision(
     state: &AppState,
-    sku: &str,
+    sku: &SkuId,
     quantity: i64,
     decided: &Result<Outcome>,
     took: std::time::Duration,
@@ -120,7 +121,7 @@ fn log_decision(
     };
     tracing::debug!(
         claim_id = claim_id.map(tracing::field::display),
-        sku,
+        sku = sku.as_str(),
         outcome,
         quantity,
         "claim decided"
@@ -164,7 +165,7 @@ pub fn claim_quantity(body: &[u8]) -> Result<i64> {
     Ok(parse::<ClaimBody>(body)?.quantity.unwrap_or(1))
 }
 
-fn won_response(sku: &str, user: &str, won: &WonClaim, replayed: bool) -> Response<Body> {
+fn won_response(sku: &SkuId, user: &str, won: &WonClaim, replayed: bool) -> Response<Body> {
     let mut resp = json(
         StatusCode::CREATED,
         &ClaimResponse {

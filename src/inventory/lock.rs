@@ -4,6 +4,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{PgPool, Postgres};
 
 use crate::error::DbError;
+use crate::sku::SkuId;
 
 /// A SKU's operator lock: a PostgreSQL session advisory lock held on a connection of its own
 /// across the Redis step, so declare, restock and restore of one SKU never interleave (on any
@@ -27,7 +28,7 @@ pub struct SkuLock {
 impl SkuLock {
     /// # Errors
     /// The database error.
-    pub async fn acquire(db: &PgPool, sku: &str) -> Result<SkuLock, DbError> {
+    pub async fn acquire(db: &PgPool, sku: &SkuId) -> Result<SkuLock, DbError> {
         Self::take(db, sku, true)
             .await?
             .ok_or_else(|| DbError::from(sqlx::Error::RowNotFound))
@@ -38,11 +39,11 @@ impl SkuLock {
     ///
     /// # Errors
     /// The database error.
-    pub async fn try_acquire(db: &PgPool, sku: &str) -> Result<Option<SkuLock>, DbError> {
+    pub async fn try_acquire(db: &PgPool, sku: &SkuId) -> Result<Option<SkuLock>, DbError> {
         Self::take(db, sku, false).await
     }
 
-    async fn take(db: &PgPool, sku: &str, wait: bool) -> Result<Option<SkuLock>, DbError> {
+    async fn take(db: &PgPool, sku: &SkuId, wait: bool) -> Result<Option<SkuLock>, DbError> {
         let mut con = db.acquire().await?;
         con.close_on_drop();
         let sql = if wait {

@@ -12,6 +12,7 @@ use crate::catalog::{self, Catalog};
 use crate::error::{DbError, InventoryError, Refusal};
 use crate::ledger::{view, SkuView};
 use crate::scripts::{self, Declared};
+use crate::sku::SkuId;
 use crate::store::Store;
 
 mod lock;
@@ -63,7 +64,7 @@ pub struct QueueTerms {
 pub async fn declare(
     store: &Store,
     catalog: &Catalog,
-    sku: &str,
+    sku: &SkuId,
     total: i64,
     terms: &SkuTerms,
 ) -> Result<Declaration, InventoryError> {
@@ -187,7 +188,7 @@ pub async fn declare(
             }
             catalog.load(sku).await?;
             tracing::warn!(
-                sku,
+                sku = sku.as_str(),
                 "declare refused: redis holds a state this catalog did not seed"
             );
             return Err(InventoryError::Refused(Refusal::StatePresent));
@@ -195,7 +196,7 @@ pub async fn declare(
         Declared::Lost => {}
     }
     if let Some(q) = &row.queue.0 {
-        let keys = store.keys(sku);
+        let keys = store.keys(sku.as_str());
         store
             .bounded(crate::queue::calls::configure(
                 &mut con,
@@ -213,7 +214,7 @@ pub async fn declare(
     })
 }
 
-async fn ledger_has_claims(db: &PgPool, sku: &str) -> Result<bool, DbError> {
+async fn ledger_has_claims(db: &PgPool, sku: &SkuId) -> Result<bool, DbError> {
     Ok(sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM issuances WHERE sku = $1)
              OR EXISTS (SELECT 1 FROM persistence_pending WHERE sku = $1)",

@@ -13,6 +13,7 @@ use crate::catalog::{self, Catalog};
 use crate::error::{DbError, InventoryError, Refusal, StoreError};
 use crate::ledger::{view, SkuView};
 use crate::scripts::{self, RestockMode, Restocked};
+use crate::sku::SkuId;
 use crate::store::Store;
 
 /// How long an operator action keeps reading back a Redis step whose answer was lost before it
@@ -36,7 +37,7 @@ const SETTLE_PAUSE: Duration = Duration::from_millis(100);
 pub async fn restock(
     store: &Store,
     catalog: &Catalog,
-    sku: &str,
+    sku: &SkuId,
     delta: i64,
 ) -> Result<SkuView, InventoryError> {
     let db = catalog.db();
@@ -70,7 +71,7 @@ pub async fn restock(
     tx.commit().await?;
     let outcome = apply_restock(store, sku, &op, delta, epoch, floor).await;
     if matches!(&outcome, Err(e) if e.is_uncertain()) {
-        tracing::warn!(sku, delta, %op, "restock outcome unknown; it is settled by reading back later");
+        tracing::warn!(sku = sku.as_str(), delta, %op, "restock outcome unknown; it is settled by reading back later");
         return Err(StoreError::Timeout.into());
     }
     finish_restock(db, sku, &op, delta, &outcome).await?;
@@ -95,8 +96,8 @@ pub async fn restock(
 /// compensations move the stock meanwhile; a refusal only it sees is recorded `not_applied`.
 /// A Redis that does not answer here tells nothing: the restock goes on, and its own step
 /// meets the same Redis (answering `outcome_unknown` as before if that step is sent).
-async fn below_zero(store: &Store, sku: &str, delta: i64) -> bool {
-    let keys = store.keys(sku);
+async fn below_zero(store: &Store, sku: &SkuId, delta: i64) -> bool {
+    let keys = store.keys(sku.as_str());
     let mut con = store.hot();
     let stock: Option<i64> = store
         .bounded(async {
@@ -116,7 +117,7 @@ async fn below_zero(store: &Store, sku: &str, delta: i64) -> bool {
 /// was not applied comes off the total again; a negative one that was applied comes off now.
 async fn finish_restock(
     db: &PgPool,
-    sku: &str,
+    sku: &SkuId,
     op: &Uuid,
     delta: i64,
     outcome: &Result<Restocked, StoreError>,
@@ -156,7 +157,7 @@ async fn finish_restock(
 /// has not happened) for up to [`SETTLE_LIMIT`].
 async fn apply_restock(
     store: &Store,
-    sku: &str,
+    sku: &SkuId,
     op: &Uuid,
     delta: i64,
     epoch: i64,
@@ -170,7 +171,7 @@ async fn apply_restock(
 
 async fn read_back_restock(
     store: &Store,
-    sku: &str,
+    sku: &SkuId,
     op: &Uuid,
     delta: i64,
     epoch: i64,
@@ -191,23 +192,23 @@ async fn read_back_restock(
 
 async fn restock_call(
     store: &Store,
-    sku: &str,
+    sku: &SkuId,
     op: &Uuid,
     delta: i64,
     mode: RestockMode,
     epoch: i64,
     floor: i64,
 ) -> Result<Restocked, StoreError> {
-    let keys = store.keys(sku);
+    let keys = store.keys(sku.as_str());
     let mut con = store.hot();
     // Units added go to the waitlist's head as offers first: journal entries and holds.
     // The catalog row's mark, or a later one this gateway knows, with the incarnation.
-    let mut fence = store.floor(sku);
+    let mut fence = store.floor(sku.as_str());
     fence.seq = fence.seq.max(floor);
     let call = store.bounded(scripts::restock_at(
         &mut con, &keys, op, delta, mode, epoch, fence,
     ));
-    crate::activity::with_mark(store, sku, call).await
+    crate::activity::with_mark(store, sku.as_str(), call).await
 }
 
 /// Settles the SKU's restocks still pending (older than `min_age`) under the caller's lock:
@@ -219,7 +220,7 @@ async fn restock_call(
 pub async fn settle_restocks(
     store: &Store,
     db: &PgPool,
-    sku: &str,
+    sku: &SkuId,
     lock: &mut SkuLock,
     min_age: Duration,
 ) -> Result<(), InventoryError> {
@@ -239,7 +240,7 @@ pub async fn settle_restocks(
         if matches!(&outcome, Err(e) if e.is_uncertain()) {
             return Err(StoreError::Timeout.into());
         }
-        tracing::info!(sku, %op, delta, ?outcome, "a pending restock settled by reading back");
+        tracing::info!(sku = sku.as_str(), %op, delta, ?outcome, "a pending restock settled by reading back");
         finish_restock(db, sku, &op, delta, &outcome).await?;
     }
     Ok(())
@@ -263,10 +264,11 @@ pub async fn settle_stuck_restocks(store: &Store, db: &PgPool) -> Result<(), DbE
     .await?;
     for sku in skus {
         // An operator action on the SKU settles them itself; never queue behind it.
-        let Some(mut lock) = SkuLock::try_acquire(db, &sku).await? else {
+        let id = SkuId::trusted(&sku);
+        let Some(mut lock) = SkuLock::try_acquire(db, id).await? else {
             continue;
         };
-        if let Err(e) = settle_restocks(store, db, &sku, &mut lock, STUCK_AFTER).await {
+        if let Err(e) = settle_restocks(store, db, id, &mut lock, STUCK_AFTER).await {
             tracing::warn!(sku, error = %e, "pending restocks still unknown; retrying later");
         }
     }
@@ -301,7 +303,7 @@ impl RestockSweeper {
 /// Adds `delta` to the total and raises the SKU's high-water mark to `seq`.
 async fn add_total(
     db: &mut sqlx::PgConnection,
-    sku: &str,
+    sku: &SkuId,
     delta: i64,
     seq: i64,
 ) -> Result<(), DbError> {

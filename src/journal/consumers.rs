@@ -20,11 +20,11 @@ pub const GONE_AFTER_CLAIM_IDLES: u32 = 10;
 /// by the next sweep.
 pub async fn reap_idle_consumers(
     store: &Store,
-    sku: &str,
+    name: &str,
     idle: Duration,
     own: &str,
 ) -> Result<Vec<String>, StoreError> {
-    let keys = store.keys(sku);
+    let keys = store.keys(name);
     let mut con = store.hot();
     let removed = store
         .bounded(crate::scripts::journal::reap_consumers(
@@ -32,7 +32,7 @@ pub async fn reap_idle_consumers(
         ))
         .await?;
     if !removed.is_empty() {
-        tracing::info!(sku, consumers = ?removed, "removed the journal consumer names of gateways that are gone");
+        tracing::info!(sku = name, consumers = ?removed, "removed the journal consumer names of gateways that are gone");
     }
     Ok(removed)
 }

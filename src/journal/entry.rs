@@ -15,8 +15,8 @@ use crate::status::{ClaimStatus, EntryStatus};
 /// The winners one journal entry (`[id, [field, value, ...]]`, as `XRANGE` or `XREADGROUP`
 /// returns it) carries, as the writer reads them; `None` for an entry the writer would
 /// quarantine. For tools and tests that look into the journal.
-pub fn winners_of(sku: &str, entry: Value) -> Option<Vec<Winner>> {
-    match parse_entry(&ShardName::parse(sku), entry)? {
+pub fn winners_of(name: &str, entry: Value) -> Option<Vec<Winner>> {
+    match parse_entry(&ShardName::parse(name), entry)? {
         Ok(p) => Some(p.winners),
         Err(_) => None,
     }
@@ -263,7 +263,7 @@ pub(super) fn parse_packed(
         entry_id,
         claim_id: r.claim_id,
         // The row's SKU is the catalog's, whichever of its shards journaled the win.
-        sku: name.sku().to_string(),
+        sku: name.sku().as_str().to_owned(),
         user: r.user,
         quantity: i32::try_from(r.quantity).ok()?,
         idempotency_key: r.idempotency_key,

@@ -111,9 +111,9 @@ async fn stream_call(store: &Store, cmd: redis::Cmd) -> Result<Value, StoreError
 
 /// [`stream_call`] for a read that hands entries to the writer: with replicas required, the
 /// entries it returns are on them (see [`Store::background_read_replicated`]).
-async fn read_call(store: &Store, sku: &str, cmd: redis::Cmd) -> Result<Value, StoreError> {
+async fn read_call(store: &Store, name: &str, cmd: redis::Cmd) -> Result<Value, StoreError> {
     match store
-        .background_read_replicated(&cmd, &store.keys(sku))
+        .background_read_replicated(&cmd, &store.keys(name))
         .await
     {
         Err(StoreError::Redis(r)) if r.code() == Some("NOGROUP") => Ok(Value::Nil),
@@ -128,11 +128,11 @@ async fn read_call(store: &Store, sku: &str, cmd: redis::Cmd) -> Result<Value, S
 /// Redis unreachable.
 pub async fn raw_entry(
     store: &Store,
-    sku: &str,
+    name: &str,
     entry_id: &str,
 ) -> Result<Option<Vec<u8>>, StoreError> {
     let mut cmd = redis::cmd("XRANGE");
-    cmd.arg(store.keys(sku).journal())
+    cmd.arg(store.keys(name).journal())
         .arg(entry_id)
         .arg(entry_id);
     // Reply: [[id, [field, value, ...]]] or [].
@@ -156,11 +156,11 @@ pub async fn raw_entry(
 /// `forget`: hold records and waitlist entries whose final status is now in PostgreSQL.
 pub async fn ack(
     store: &Store,
-    sku: &str,
+    name: &str,
     batch: &Batch,
     forget: &Forget,
 ) -> Result<(), StoreError> {
-    let keys = store.keys(sku);
+    let keys = store.keys(name);
     let mut entries: BTreeMap<&str, i64> = BTreeMap::new();
     for w in &batch.winners {
         *entries.entry(&w.entry_id).or_default() += i64::from(w.quantity);

@@ -16,11 +16,11 @@ pub struct WriterSignal {
 impl WriterSignal {
     /// Called after a win. Takes the lock only to check a small set; allocates only for a SKU
     /// the writer has not been told about yet.
-    pub fn won(&self, sku: &str) {
+    pub fn won(&self, name: &str) {
         {
             let mut skus = self.skus.lock();
-            if !skus.contains(sku) {
-                skus.insert(sku.to_string());
+            if !skus.contains(name) {
+                skus.insert(name.to_string());
             }
         }
         self.wake.notify_one();

@@ -1,5 +1,9 @@
 use super::*;
 
+fn sku_id(s: &str) -> &SkuId {
+    SkuId::parse(s).expect("a valid SKU id")
+}
+
 #[test]
 fn every_key_shares_the_sku_hash_tag() {
     let k = SkuKeys::new("dg", "drop-1");
@@ -38,11 +42,11 @@ fn a_state_key_names_its_sku_and_the_units_back_channel_shares_the_prefix() {
 
 #[test]
 fn a_shard_has_its_own_hash_tag_and_names_its_sku_back() {
-    assert_eq!(shard_name("drop-1", 0, 0), "drop-1");
-    assert_eq!(shard_name("drop-1", 3, 0), "drop-1#3");
+    assert_eq!(shard_name(sku_id("drop-1"), 0, 0), "drop-1");
+    assert_eq!(shard_name(sku_id("drop-1"), 3, 0), "drop-1#3");
     assert_eq!(split_shard("drop-1#3"), ("drop-1", 3));
     assert_eq!(split_shard("drop-1"), ("drop-1", 0));
-    let k = SkuKeys::new("dg", &shard_name("drop-1", 3, 0));
+    let k = SkuKeys::new("dg", &shard_name(sku_id("drop-1"), 3, 0));
     assert!(k.state().starts_with("dg:{drop-1#3}:"));
     assert_eq!(SkuKeys::sku_of_state("dg:{", &k.state()), Some("drop-1#3"));
 }
@@ -50,13 +54,13 @@ fn a_shard_has_its_own_hash_tag_and_names_its_sku_back() {
 #[test]
 fn a_salted_shard_name_names_its_sku_and_shard_back() {
     // Shard 0 never carries a salt: it is the SKU itself.
-    assert_eq!(shard_name("drop-1", 0, 7), "drop-1");
-    assert_eq!(shard_name("drop-1", 3, 7), "drop-1#3.7");
+    assert_eq!(shard_name(sku_id("drop-1"), 0, 7), "drop-1");
+    assert_eq!(shard_name(sku_id("drop-1"), 3, 7), "drop-1#3.7");
     // SKU ids may hold dots: only the part after `#` is read.
     for sku in ["drop-1", "a.b", "x.1", "v1.2.3", "_-."] {
         for shard in [0u16, 1, 9, 15] {
             for salt in [0u16, 1, 42, u16::MAX] {
-                let name = shard_name(sku, shard, salt);
+                let name = shard_name(sku_id(sku), shard, salt);
                 assert_eq!(split_shard(&name), (sku, shard), "{name}");
                 let k = SkuKeys::new("dg", &name);
                 assert_eq!(
@@ -81,7 +85,10 @@ fn a_shard_name_is_parsed_once_into_its_sku_and_shard() {
         ("a#x", "a#x", 0),
     ] {
         let n = ShardName::parse(name);
-        assert_eq!((n.as_str(), n.sku(), n.shard()), (name, sku, shard));
+        assert_eq!(
+            (n.as_str(), n.sku().as_str(), n.shard()),
+            (name, sku, shard)
+        );
         assert_eq!(split_shard(name), (sku, shard));
     }
 }

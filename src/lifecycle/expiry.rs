@@ -105,13 +105,13 @@ impl Expirer {
         with_holds(&self.store, active).await
     }
 
-    /// Expires the SKU's due holds, a batch per call, until none is due or another worker
-    /// holds the SKU. Returns how many this worker expired.
+    /// Expires the due holds of the Redis SKU `name` (a SKU, or one shard of one), a batch per
+    /// call, until none is due or another worker holds it. Returns how many this worker expired.
     ///
     /// # Errors
     /// The Redis error of a call (what it expired stays expired; the rest stays due).
-    pub async fn expire_due(&self, sku: &str) -> Result<usize, StoreError> {
-        let keys = self.store.keys(sku);
+    pub async fn expire_due(&self, name: &str) -> Result<usize, StoreError> {
+        let keys = self.store.keys(name);
         let mut expired = 0;
         loop {
             let mut con = self.store.hot();
@@ -123,7 +123,7 @@ impl Expirer {
                     &self.owner,
                     LEASE_MS,
                     BATCH,
-                    self.store.floor(sku),
+                    self.store.floor(name),
                 ))
                 .await?;
             let n = lags.len();

@@ -40,7 +40,7 @@ pub async fn find_claim(
     // A claim of a sharded SKU was decided on its buyer's shard, which the id does not name:
     // each shard is asked in turn until one holds the call's record.
     let mut read = Ok((None, None));
-    for name in sku.layout.names(&sku.sku) {
+    for name in sku.layout.names(sku.id()) {
         read = read_records(store, &name, &id).await;
         if !matches!(read, Ok((None, None))) {
             break;
@@ -194,9 +194,9 @@ pub async fn decide(
         // caller; the admin's is found by asking each shard in turn.
         let names = match caller {
             Some(user) if sku.layout.is_sharded() => {
-                vec![sku.layout.name_for_user(&sku.sku, user)]
+                vec![sku.layout.name_for_user(sku.id(), user)]
             }
-            _ => sku.layout.names(&sku.sku),
+            _ => sku.layout.names(sku.id()),
         };
         for name in names {
             if let Some(answer) = decide_on(store, &name, id, caller, op).await? {
@@ -204,7 +204,7 @@ pub async fn decide(
                     // While anybody waits, the unit came back into its shard's pool: offer it
                     // to the line that comes first now rather than at the recovery task's next
                     // round. Best effort: the recovery task does the same within a second.
-                    if let Err(e) = crate::shards::feed::feed(store, &sku.sku, sku.layout).await {
+                    if let Err(e) = crate::shards::feed::feed(store, sku.id(), sku.layout).await {
                         tracing::debug!(sku = %sku.sku, error = %e, "could not feed the waitlists after a cancel; the recovery task will");
                     }
                 }

@@ -11,6 +11,7 @@ use super::{sku_of, LifecycleError};
 use crate::catalog::{Catalog, Sku};
 use crate::error::StoreError;
 use crate::scripts;
+use crate::sku::SkuId;
 use crate::status::EntryStatus;
 use crate::store::Store;
 
@@ -43,11 +44,11 @@ pub async fn join(store: &Store, sku: &Sku, user: &str) -> Result<Joined, Lifecy
     // atomically with the join (src/shards/line.rs).
     let home = sku.layout.shard_of_user(user);
     let check = if sku.layout.is_sharded() {
-        Some(crate::shards::line::before_join(store, &sku.sku, sku.layout, home).await?)
+        Some(crate::shards::line::before_join(store, sku.id(), sku.layout, home).await?)
     } else {
         None
     };
-    let name = sku.layout.name(&sku.sku, home);
+    let name = sku.layout.name(sku.id(), home);
     let keys = store.keys(&name);
     let entry_id = crate::ids::mint(sku.tag);
     let mut con = store.hot();
@@ -88,7 +89,7 @@ pub async fn find(
     let mut view = None;
     if let Some(sku) = sku_of(catalog, &entry_id).await? {
         for name in entry_shards(&sku, caller) {
-            view = from_redis(store, &sku.sku, &name, entry_id).await?;
+            view = from_redis(store, sku.id(), &name, entry_id).await?;
             if let Some(v) = view.as_mut() {
                 if sku.layout.is_sharded() && v.position.is_some() {
                     let home = sku.layout.shard_of_user(&v.user);
@@ -109,7 +110,7 @@ pub async fn find(
 /// The place of the waiting entry `id` of `home`'s line in the whole line of the sharded SKU
 /// `sku` (src/shards/line.rs); `None` when Redis could not tell.
 async fn sku_position(store: &Store, sku: &Sku, home: u16, id: &str) -> Option<i64> {
-    match crate::shards::line::position(store, &sku.sku, sku.layout, home, id).await {
+    match crate::shards::line::position(store, sku.id(), sku.layout, home, id).await {
         Ok(p) => p,
         Err(e) => {
             tracing::debug!(sku = %sku.sku, error = %e, "could not count the SKU's line; the shard's place is shown");
@@ -122,15 +123,15 @@ async fn sku_position(store: &Store, sku: &Sku, home: u16, id: &str) -> Option<i
 /// line.rs), every shard for the admin; the SKU itself when it has one shard.
 fn entry_shards(sku: &Sku, caller: Option<&str>) -> Vec<String> {
     match caller {
-        Some(user) => vec![sku.layout.name_for_user(&sku.sku, user)],
-        None => sku.layout.names(&sku.sku),
+        Some(user) => vec![sku.layout.name_for_user(sku.id(), user)],
+        None => sku.layout.names(sku.id()),
     }
 }
 
 /// The entry as `name`'s line holds it; `sku` in the view is the SKU, not the shard.
 async fn from_redis(
     store: &Store,
-    sku: &str,
+    sku: &SkuId,
     name: &str,
     entry_id: Uuid,
 ) -> Result<Option<EntryView>, StoreError> {

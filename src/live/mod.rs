@@ -18,6 +18,7 @@ use serde::Serialize;
 
 use crate::catalog::Catalog;
 use crate::ledger::{self, SkuView};
+use crate::sku::SkuId;
 use crate::store::Store;
 pub use stats::{ClaimStats, Counts};
 
@@ -106,15 +107,17 @@ impl Watch {
         let skus = active_skus(state, &counts, &deltas).await;
         let mut out = Vec::with_capacity(skus.len());
         for sku in skus {
+            // Ids this gateway counted (checked by the claim route) or the catalog's.
+            let id = SkuId::trusted(&sku);
             let current = counts.get(&sku).cloned().unwrap_or_default();
             let delta = deltas.get(&sku).cloned().unwrap_or_default();
-            let view = ledger::view(state.store, state.catalog, &sku).await.ok();
+            let view = ledger::view(state.store, state.catalog, id).await.ok();
             out.push(SkuFrame {
                 claims_per_second: delta.rates(elapsed),
                 claims_total: current.totals(),
                 idle_seconds: counts.get(&sku).map(|c| c.idle_secs),
-                p99_claim_latency_seconds: state.live.stats.p99(&sku),
-                journal_lag_seconds: journal_lag(state, &sku).await,
+                p99_claim_latency_seconds: state.live.stats.p99(id),
+                journal_lag_seconds: journal_lag(state, id).await,
                 view,
                 sku,
             });
@@ -177,7 +180,7 @@ fn order(
 /// of its own, src/shards/): a journal holds only winners not yet written (it is trimmed below
 /// the oldest unacknowledged entry), and an entry id starts with the millisecond Redis added
 /// it. 0 when none waits; `None` when Redis does not answer for some shard.
-async fn journal_lag(state: &Sources<'_>, sku: &str) -> Option<f64> {
+async fn journal_lag(state: &Sources<'_>, sku: &SkuId) -> Option<f64> {
     let layout = match state.catalog.get(sku).await {
         Ok(Some(entry)) => entry.layout,
         _ => crate::layout::Layout::SINGLE,

@@ -16,6 +16,7 @@ use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 
 use crate::metrics::CLAIM_OUTCOMES;
+use crate::sku::SkuId;
 
 /// Seconds of decisions the p99 is taken over: one second holds too few claims off-peak.
 pub const WINDOW_SECS: u64 = 10;
@@ -67,12 +68,12 @@ pub struct Counts {
 impl ClaimStats {
     /// Counts one answered claim of `sku` with its `outcome` label (as in
     /// `dropgate_claims_total`) and how long its decision took.
-    pub fn record(&self, sku: &str, outcome: &str, took: Duration) {
-        let counters = match self.skus.get(sku) {
+    pub fn record(&self, sku: &SkuId, outcome: &str, took: Duration) {
+        let counters = match self.skus.get(sku.as_str()) {
             Some(c) => c.clone(),
             None => self
                 .skus
-                .entry(sku.to_string())
+                .entry(sku.as_str().to_owned())
                 .or_insert_with(|| Arc::new(SkuCounters::new()))
                 .clone(),
         };
@@ -109,8 +110,8 @@ impl ClaimStats {
 
     /// The 99th percentile of the SKU's decisions in the last [`WINDOW_SECS`] seconds, in
     /// seconds; `None` without any.
-    pub fn p99(&self, sku: &str) -> Option<f64> {
-        let counters = self.skus.get(sku)?.clone();
+    pub fn p99(&self, sku: &SkuId) -> Option<f64> {
+        let counters = self.skus.get(sku.as_str())?.clone();
         let now = self.epoch.elapsed().as_secs();
         let merged = counters.latency.lock().merged(now)?;
         Some(merged.value_at_quantile(0.99) as f64 / 1e6)
@@ -232,11 +233,12 @@ mod tests {
     #[test]
     fn a_sku_is_idle_from_its_last_claim() {
         let stats = ClaimStats::default();
-        stats.record("a", "won", Duration::from_micros(300));
+        let (a, b) = (SkuId::parse("a").unwrap(), SkuId::parse("b").unwrap());
+        stats.record(a, "won", Duration::from_micros(300));
         let snap = stats.snapshot();
         assert_eq!(snap["a"].idle_secs, 0);
         assert_eq!(snap["a"].totals()["won"], 1);
-        assert!(stats.p99("a").is_some_and(|s| s > 0.000_29 && s < 0.000_31));
-        assert_eq!(stats.p99("b"), None);
+        assert!(stats.p99(a).is_some_and(|s| s > 0.000_29 && s < 0.000_31));
+        assert_eq!(stats.p99(b), None);
     }
 }

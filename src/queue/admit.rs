@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::calls::{self, Round};
 use crate::metrics::{QUEUE_ADMITTED as ADMITTED, QUEUE_LAG as LAG, QUEUE_WAITING as WAITING};
 use crate::repeats::{self, Repeats};
+use crate::sku::SkuId;
 use crate::store::Store;
 
 /// Between the lease holder's rounds: the resolution of the schedule.
@@ -114,7 +115,7 @@ impl Admitter {
                                 "queue admission: the SKU's queue answers again",
                             );
                         }
-                        self.seated(sku, seat, &r);
+                        self.seated(SkuId::trusted(sku), seat, &r);
                     }
                     Err(e) => {
                         seat.waiting = 0;
@@ -157,12 +158,12 @@ impl Admitter {
         tracing::info!(owner = %self.owner, "queue admission stopped");
     }
 
-    fn seated(&self, sku: &str, seat: &mut Seat, r: &Round) {
+    fn seated(&self, sku: &SkuId, seat: &mut Seat, r: &Round) {
         let was = seat.leading;
         seat.leading = r.code != "follower";
         if seat.leading && !was {
             tracing::info!(
-                sku,
+                sku = sku.as_str(),
                 fence = r.fence,
                 "queue admission: this gateway admits now"
             );

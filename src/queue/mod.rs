@@ -22,6 +22,7 @@ use sqlx::Row;
 
 use crate::auth::AdmissionClaims;
 use crate::config::Secret;
+use crate::sku::SkuId;
 use crate::status::TicketState;
 
 pub mod admit;
@@ -118,7 +119,7 @@ pub fn rfc3339(t: &DateTime<Utc>) -> String {
 /// The signing error (does not happen with an HMAC key).
 pub fn admission_token(
     secret: &Secret,
-    sku: &str,
+    sku: &SkuId,
     visitor: &str,
     ticket: &uuid::Uuid,
     admitted_ms: i64,

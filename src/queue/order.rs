@@ -7,6 +7,7 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use crate::config::Secret;
+use crate::sku::SkuId;
 
 /// Shuffle keys are below 2^52; tickets joined after the opening are ordered from 2^52 on, so
 /// every one of them follows the whole pre-queue (and a sorted-set score holds both exactly).
@@ -17,11 +18,11 @@ pub const ARRIVAL_BASE: u64 = 1 << 52;
 /// tag in the last four bytes ([`crate::ids`]). The same visitor always has the same ticket
 /// (one per visitor and SKU), nobody without the secret can name another visitor's, and the
 /// gateway checks an admission token's `tid` against its `sub` without reading anything.
-pub fn ticket_id(secret: &Secret, sku: &str, tag: i32, visitor: &str) -> Uuid {
+pub fn ticket_id(secret: &Secret, sku: &SkuId, tag: i32, visitor: &str) -> Uuid {
     let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret.expose().as_bytes())
         .expect("HMAC takes a key of any length");
     mac.update(b"dropgate queue ticket\0");
-    mac.update(sku.as_bytes());
+    mac.update(sku.as_str().as_bytes());
     mac.update(b"\0");
     mac.update(visitor.as_bytes());
     let h = mac.finalize().into_bytes();
@@ -80,13 +81,17 @@ pub fn prequeue_order(seed_hex: &str, tickets: &[Uuid]) -> Vec<Uuid> {
 mod tests {
     use super::*;
 
+    fn sku(s: &str) -> &SkuId {
+        SkuId::parse(s).expect("a valid SKU id")
+    }
+
     #[test]
     fn a_visitor_has_one_ticket_per_sku_carrying_its_tag() {
         let s = Secret::new("0123456789abcdef0123");
-        let a = ticket_id(&s, "drop-1", 7, "v-1");
-        assert_eq!(a, ticket_id(&s, "drop-1", 7, "v-1"));
-        assert_ne!(a, ticket_id(&s, "drop-1", 7, "v-2"));
-        assert_ne!(a, ticket_id(&s, "drop-2", 7, "v-1"));
+        let a = ticket_id(&s, sku("drop-1"), 7, "v-1");
+        assert_eq!(a, ticket_id(&s, sku("drop-1"), 7, "v-1"));
+        assert_ne!(a, ticket_id(&s, sku("drop-1"), 7, "v-2"));
+        assert_ne!(a, ticket_id(&s, sku("drop-2"), 7, "v-1"));
         assert_eq!(crate::ids::tag_of(&a), 7);
         assert_eq!(a.get_version_num(), 8);
     }
@@ -95,7 +100,7 @@ mod tests {
     fn shuffle_keys_sit_below_the_arrivals() {
         let seed = seed_bytes(&new_seed());
         for i in 0..1000 {
-            let t = ticket_id(&Secret::new("x"), "s", 1, &i.to_string());
+            let t = ticket_id(&Secret::new("x"), sku("s"), 1, &i.to_string());
             assert!(shuffle_key(&seed, &t) < ARRIVAL_BASE);
         }
     }

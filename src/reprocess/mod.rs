@@ -23,6 +23,7 @@ use crate::error::{DbError, StoreError, TaskError};
 use crate::keys::SkuKeys;
 use crate::metrics as m;
 use crate::scripts::lifecycle::{fence_parked, give_back_parked, GiveBack, Parked};
+use crate::sku::SkuId;
 use crate::status::ClaimStatus;
 use crate::store::Store;
 
@@ -295,10 +296,12 @@ impl Reprocessor {
     /// The Redis name of the claim's shard and its keys: its units and its buyer's count are
     /// in the buyer's shard (src/shards/).
     async fn home(&self, row: &PendingRow) -> Result<(String, SkuKeys), StoreError> {
-        let layout = crate::shards::layout(&self.db, &row.sku)
+        // A parked row names a declared SKU.
+        let sku = SkuId::trusted(&row.sku);
+        let layout = crate::shards::layout(&self.db, sku)
             .await
             .map_err(|e| StoreError::Unavailable(format!("catalog: {e}")))?;
-        let name = layout.name_for_user(&row.sku, &row.user_id);
+        let name = layout.name_for_user(sku, &row.user_id);
         let keys = self.store.keys(&name);
         Ok((name, keys))
     }

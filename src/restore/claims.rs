@@ -11,6 +11,7 @@ use crate::config::RECORD_TTL_SECS;
 use crate::error::InventoryError;
 use crate::keys::{idempotency_field, SkuKeys};
 use crate::record::IdemRecord;
+use crate::sku::SkuId;
 use crate::store::{RedisConn, Store};
 
 #[derive(sqlx::FromRow)]
@@ -38,7 +39,7 @@ pub(super) async fn stage_live_claims(
     keys: &[SkuKeys],
     staged: &[String],
     db: &sqlx::PgPool,
-    sku: &str,
+    sku: &SkuId,
 ) -> Result<(i64, usize, Given), InventoryError> {
     let mut rows = sqlx::query_as::<_, LiveClaim>(
         "SELECT claim_id, user_id, quantity::bigint AS quantity, idempotency_key,
@@ -165,7 +166,7 @@ pub(super) async fn stage_ended_records(
     con: &mut RedisConn,
     keys: &[SkuKeys],
     db: &sqlx::PgPool,
-    sku: &str,
+    sku: &SkuId,
 ) -> Result<(), InventoryError> {
     let mut rows = sqlx::query_as::<_, LiveClaim>(
         "SELECT claim_id, user_id, quantity::bigint AS quantity, idempotency_key,

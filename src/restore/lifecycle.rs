@@ -7,6 +7,7 @@ use futures_util::TryStreamExt;
 use super::pipes::ShardPipes;
 use crate::error::DbError;
 use crate::keys::SkuKeys;
+use crate::sku::SkuId;
 use crate::store::{RedisConn, Store};
 
 #[derive(sqlx::FromRow)]
@@ -38,7 +39,7 @@ pub(super) async fn stage(
     con: &mut RedisConn,
     shards: &[SkuKeys],
     db: &sqlx::PgPool,
-    sku: &str,
+    sku: &SkuId,
     given: &super::claims::Given,
 ) -> Result<i64, crate::error::InventoryError> {
     // Every hold (an offer too), waitlist entry and line position goes back to its buyer's

@@ -15,6 +15,7 @@ use crate::inventory::SkuLock;
 use crate::keys::SkuKeys;
 use crate::ledger::{view, SkuView};
 use crate::scripts;
+use crate::sku::SkuId;
 use crate::store::Store;
 
 mod claims;
@@ -35,7 +36,7 @@ const JOURNAL_DRAIN_LIMIT: Duration = Duration::from_secs(15);
 pub async fn restore(
     store: &Store,
     catalog: &Catalog,
-    sku: &str,
+    sku: &SkuId,
     force: bool,
 ) -> Result<SkuView, InventoryError> {
     let db = catalog.db();
@@ -44,7 +45,7 @@ pub async fn restore(
     let mut lock = SkuLock::acquire(db, sku).await?;
     // Before anything is rebuilt: the holds and waitlist staged below need the expiry worker,
     // and a forced restore waits for the writers to empty the journal.
-    crate::activity::mark(store, sku).await;
+    crate::activity::mark(store, sku.as_str()).await;
     // Restocks in flight move the total: settle them before it is read.
     crate::inventory::settle_restocks(store, db, sku, &mut lock, Duration::ZERO).await?;
     let row = catalog::fetch(db, sku)
@@ -127,7 +128,7 @@ pub async fn restore(
     let mut stock = total - units;
     if stock < 0 {
         tracing::error!(
-            sku,
+            sku = sku.as_str(),
             oversold = -stock,
             "the ledger holds more live units than the total"
         );
@@ -182,7 +183,7 @@ pub async fn restore(
     .execute(db)
     .await?;
     tracing::info!(
-        sku,
+        sku = sku.as_str(),
         units,
         users,
         force,

@@ -13,20 +13,20 @@ use crate::error::StoreError;
 static RETIRE_SKU: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/retire_sku.lua")));
 
-/// Removes `sku` from the active set `active` ([`crate::keys::active_skus`]) if its score is
-/// still `score` as the caller read it. Returns whether it was removed now.
+/// Removes the Redis SKU `name` from the active set `active` ([`crate::keys::active_skus`]) if
+/// its score is still `score` as the caller read it. Returns whether it was removed now.
 ///
 /// # Errors
 /// The Redis error of the call.
 pub async fn retire_sku<C: ConnectionLike>(
     con: &mut C,
     active: &str,
-    sku: &str,
+    name: &str,
     score: &str,
 ) -> Result<bool, StoreError> {
     let gone: i64 = RETIRE_SKU
         .key(active)
-        .arg(sku)
+        .arg(name)
         .arg(score)
         .invoke_async(con)
         .await?;

@@ -23,6 +23,7 @@ use super::transfer;
 use super::view::{self, survey, ShardState};
 use crate::error::StoreError;
 use crate::layout::Layout;
+use crate::sku::SkuId;
 use crate::store::Store;
 
 /// Most units one transfer moves: a donor gives about half its stock, never more than this.
@@ -81,7 +82,7 @@ impl Borrower {
     pub async fn refill(
         &self,
         store: &Store,
-        sku: &str,
+        sku: &SkuId,
         layout: Layout,
         shard: u16,
         need: i64,
@@ -119,7 +120,7 @@ impl Borrower {
 /// As [`Borrower::refill`].
 pub async fn gather(
     store: &Store,
-    sku: &str,
+    sku: &SkuId,
     layout: Layout,
     shard: u16,
     need: i64,
@@ -131,7 +132,7 @@ pub async fn gather(
 /// from its siblings.
 async fn fill(
     store: &Store,
-    sku: &str,
+    sku: &SkuId,
     layout: Layout,
     shard: u16,
     need: i64,

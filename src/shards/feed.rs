@@ -10,6 +10,7 @@ use super::transfer::{self, Source};
 use crate::error::StoreError;
 use crate::layout::Layout;
 use crate::scripts;
+use crate::sku::SkuId;
 use crate::store::Store;
 
 /// Heads read from each line per feed: the most units one feed offers on a shard.
@@ -39,11 +40,11 @@ struct Line {
 ///
 /// # Errors
 /// As [`feed_once`]; or the lock's Redis error.
-pub async fn feed(store: &Store, sku: &str, layout: Layout) -> Result<i64, StoreError> {
+pub async fn feed(store: &Store, sku: &SkuId, layout: Layout) -> Result<i64, StoreError> {
     if !layout.is_sharded() {
         return Ok(0);
     }
-    let lock = store.keys(sku).feed_lock();
+    let lock = store.keys(sku.as_str()).feed_lock();
     let token = uuid::Uuid::new_v4().to_string();
     let mut con = store.hot();
     let got: Option<String> = store
@@ -78,7 +79,7 @@ pub async fn feed(store: &Store, sku: &str, layout: Layout) -> Result<i64, Store
         .bounded(scripts::shards::unlock(&mut con, &lock, &token))
         .await;
     if let Err(e) = unlocked {
-        tracing::debug!(sku, error = %e, "could not release the feed lock; it lapses");
+        tracing::debug!(sku = sku.as_str(), error = %e, "could not release the feed lock; it lapses");
     }
     result.map(|()| offered)
 }
@@ -92,7 +93,7 @@ pub async fn feed(store: &Store, sku: &str, layout: Layout) -> Result<i64, Store
 /// [`StoreError::SkuLost`] / [`StoreError::Stale`] when a shard fails closed, or a Redis error
 /// (a transfer left half done is finished by the recovery task; pooled units wait for the
 /// next feed).
-async fn feed_once(store: &Store, sku: &str, layout: Layout) -> Result<i64, StoreError> {
+async fn feed_once(store: &Store, sku: &SkuId, layout: Layout) -> Result<i64, StoreError> {
     if !layout.is_sharded() {
         return Ok(0);
     }
@@ -164,7 +165,7 @@ fn next_offers(lines: &[Line], units: i64) -> BTreeMap<u16, i64> {
     due
 }
 
-async fn read_lines(store: &Store, sku: &str, layout: Layout) -> Result<Vec<Line>, StoreError> {
+async fn read_lines(store: &Store, sku: &SkuId, layout: Layout) -> Result<Vec<Line>, StoreError> {
     let names = layout.names(sku);
     let reads = names.iter().map(|name| read_line(store, name));
     futures_util::future::try_join_all(reads).await

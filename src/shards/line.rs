@@ -38,6 +38,7 @@ use super::view::survey;
 use crate::error::StoreError;
 use crate::layout::Layout;
 use crate::scripts::{self, shards::LineLease};
+use crate::sku::SkuId;
 use crate::store::Store;
 
 /// How long a line lease lasts after the join or feed that set it. Longer than a join takes
@@ -66,7 +67,7 @@ pub struct JoinCheck {
 /// be said sold out), or a Redis error.
 pub async fn before_join(
     store: &Store,
-    sku: &str,
+    sku: &SkuId,
     layout: Layout,
     home: u16,
 ) -> Result<JoinCheck, StoreError> {
@@ -106,7 +107,7 @@ pub async fn before_join(
 /// takes a join ticket from shard 0.
 pub(super) async fn lease_all(
     store: &Store,
-    sku: &str,
+    sku: &SkuId,
     layout: Layout,
     ticket: bool,
 ) -> Result<Vec<LineLease>, StoreError> {
@@ -136,7 +137,7 @@ pub(super) async fn lease_all(
 /// A Redis error.
 pub async fn position(
     store: &Store,
-    sku: &str,
+    sku: &SkuId,
     layout: Layout,
     home: u16,
     entry_id: &str,

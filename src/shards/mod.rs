@@ -22,7 +22,7 @@
 //!   SKU keeps one join order; a join first leases every shard and checks that the other
 //!   shards are dry; units given back under the lease wait in the shard's pool, and the feed
 //!   offers them across the lines in ticket order;
-//! - the writer names a row's SKU from the shard's name (`keys::split_shard`), the SKU view
+//! - the writer names a row's SKU from the shard's name (`keys::ShardName::sku`), the SKU view
 //!   sums the shards ([`view`]), restock moves shard 0, restore rebuilds every shard.
 //!
 //! Each shard's state sequence starts at `shard << 36` ([`seq_base`]): the sequences of two
@@ -42,12 +42,14 @@ pub mod view;
 // face.
 pub use crate::layout::{seq_base, shard_of_user, split_total, Layout, MAX_SHARDS};
 
+use crate::sku::SkuId;
+
 /// The layout of `sku` in the catalog: its shard count and placement salts (one shard for a
 /// SKU it does not hold).
 ///
 /// # Errors
 /// The database error.
-pub async fn layout(db: &sqlx::PgPool, sku: &str) -> Result<Layout, crate::error::DbError> {
+pub async fn layout(db: &sqlx::PgPool, sku: &SkuId) -> Result<Layout, crate::error::DbError> {
     let row: Option<Layout> = sqlx::query_as("SELECT shards, shard_salts FROM skus WHERE sku = $1")
         .bind(sku)
         .fetch_optional(db)

@@ -24,6 +24,7 @@ use redis::Value;
 use crate::error::StoreError;
 use crate::keys::shard_name;
 use crate::layout::Layout;
+use crate::sku::SkuId;
 use crate::store::{RedisConn, Store};
 
 /// Hash slots of a Redis Cluster.
@@ -109,14 +110,14 @@ impl SlotMap {
 /// The layout of `count` shards of `sku` placed on the masters of `map` (see the module's
 /// doc); `slot_of` gives the slot of a shard's Redis name (its keys' slot). Pure: the same
 /// map gives the same salts.
-pub fn choose(sku: &str, count: i32, map: &SlotMap, slot_of: impl Fn(&str) -> u16) -> Layout {
+pub fn choose(sku: &SkuId, count: i32, map: &SlotMap, slot_of: impl Fn(&str) -> u16) -> Layout {
     let plain = Layout::unsalted(count);
     let masters = map.masters().len();
     if masters < 2 || !plain.is_sharded() {
         return plain;
     }
     let mut load = vec![0usize; masters];
-    let home = map.owner(slot_of(sku));
+    let home = map.owner(slot_of(sku.as_str()));
     if let Some(h) = home {
         load[h] += 1;
     }
@@ -155,7 +156,7 @@ pub fn choose(sku: &str, count: i32, map: &SlotMap, slot_of: impl Fn(&str) -> u1
 /// The layout of a SKU declared now with `count` shards: placed on the masters when the store
 /// is a cluster, every salt 0 otherwise or when the slot map cannot be read (the declare goes
 /// on; its shards then land where their names hash).
-pub async fn for_new_sku(store: &Store, sku: &str, count: i32) -> Layout {
+pub async fn for_new_sku(store: &Store, sku: &SkuId, count: i32) -> Layout {
     let plain = Layout::unsalted(count);
     if !store.is_cluster() || !plain.is_sharded() {
         return plain;
@@ -163,7 +164,7 @@ pub async fn for_new_sku(store: &Store, sku: &str, count: i32) -> Layout {
     match read_slot_map(store).await {
         Ok(map) => choose(sku, count, &map, |name| key_slot(&store.keys(name).state())),
         Err(e) => {
-            tracing::warn!(sku, error = %e, "could not read the cluster's slot map; the shards are named without placement salts");
+            tracing::warn!(sku = sku.as_str(), error = %e, "could not read the cluster's slot map; the shards are named without placement salts");
             plain
         }
     }
@@ -237,9 +238,13 @@ mod tests {
         key_slot(&format!("dg:{{{name}}}:state"))
     }
 
+    fn id(s: &str) -> &SkuId {
+        SkuId::parse(s).unwrap()
+    }
+
     fn masters_of(map: &SlotMap, sku: &str, layout: &Layout) -> Vec<usize> {
         layout
-            .names(sku)
+            .names(id(sku))
             .iter()
             .map(|n| map.owner(slot_of(n)).unwrap())
             .collect()
@@ -281,23 +286,23 @@ mod tests {
             })
             .unwrap();
 
-        let layout = choose(&sku, 3, &map, slot_of);
+        let layout = choose(id(&sku), 3, &map, slot_of);
 
         let placed = masters_of(&map, &sku, &layout);
         assert_eq!(placed.iter().collect::<HashSet<_>>().len(), 3, "{placed:?}");
         assert_eq!(layout.salt(0), 0, "shard 0 stays where the SKU hashes");
         assert_eq!(placed[0], map.owner(slot_of(&sku)).unwrap());
-        assert!(layout.names(&sku)[1..].iter().any(|n| n.contains('.')));
+        assert!(layout.names(id(&sku))[1..].iter().any(|n| n.contains('.')));
         // Each salt is the smallest that reaches its master.
         for shard in 1..3u16 {
             let salt = layout.salt(shard);
             for smaller in 1..salt {
-                let name = shard_name(&sku, shard, smaller);
+                let name = shard_name(id(&sku), shard, smaller);
                 assert_ne!(map.owner(slot_of(&name)), Some(placed[usize::from(shard)]));
             }
         }
         // The same map gives the same salts.
-        assert_eq!(choose(&sku, 3, &map, slot_of), layout);
+        assert_eq!(choose(id(&sku), 3, &map, slot_of), layout);
     }
 
     #[test]
@@ -312,7 +317,7 @@ mod tests {
                 masters.len() == 3
             })
             .unwrap();
-        assert_eq!(choose(&sku, 3, &map, slot_of), Layout::unsalted(3));
+        assert_eq!(choose(id(&sku), 3, &map, slot_of), Layout::unsalted(3));
     }
 
     #[test]
@@ -321,7 +326,7 @@ mod tests {
         for n in 0..50 {
             let sku = format!("many-{n}");
             for count in [2, 4, 6, 7, 16] {
-                let layout = choose(&sku, count, &map, slot_of);
+                let layout = choose(id(&sku), count, &map, slot_of);
                 let mut per_master = [0usize; 3];
                 for m in masters_of(&map, &sku, &layout) {
                     per_master[m] += 1;
@@ -338,8 +343,11 @@ mod tests {
     #[test]
     fn one_master_or_one_shard_needs_no_salt() {
         let one = SlotMap::from_ranges(&[(0, 16383, "a".into())]);
-        assert_eq!(choose("s", 3, &one, slot_of), Layout::unsalted(3));
-        assert_eq!(choose("s", 1, &three_masters(), slot_of), Layout::SINGLE);
+        assert_eq!(choose(id("s"), 3, &one, slot_of), Layout::unsalted(3));
+        assert_eq!(
+            choose(id("s"), 1, &three_masters(), slot_of),
+            Layout::SINGLE
+        );
     }
 
     #[test]
@@ -353,7 +361,7 @@ mod tests {
         ]);
         assert_eq!(map.masters(), ["tiny", "split", "big"]);
         assert_eq!(map.owner(50), None);
-        let layout = choose("s", 3, &map, slot_of);
+        let layout = choose(id("s"), 3, &map, slot_of);
         let placed: HashSet<usize> = masters_of(&map, "s", &layout).into_iter().collect();
         assert_eq!(placed.len(), 3);
     }

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::transfer;
 use crate::error::{DbError, TaskError};
 use crate::layout::Layout;
+use crate::sku::SkuId;
 use crate::store::Store;
 
 /// How often the pending transfers of the sharded SKUs are looked at.
@@ -73,11 +74,12 @@ impl Recovery {
         let before = crate::clock::now_ms() - older_than.as_millis() as i64;
         let mut finished = 0;
         for (sku, shards, salts) in skus {
+            let id = SkuId::trusted(&sku);
             let layout = Layout::stored(shards, &salts);
             for donor in 0..shards as u16 {
                 // One SKU failing closed (a shard lost or stale until restore) must not keep
                 // the others' transfers waiting: its errors are logged and the round goes on.
-                let found = match transfer::pending(&self.store, &sku, layout, donor).await {
+                let found = match transfer::pending(&self.store, id, layout, donor).await {
                     Ok(found) => found,
                     Err(e) => {
                         tracing::debug!(sku, donor, error = %e, "could not read a shard's pending transfers");
@@ -85,7 +87,7 @@ impl Recovery {
                     }
                 };
                 for p in found.into_iter().filter(|p| p.created_ms <= before) {
-                    let applied = match transfer::complete(&self.store, &sku, layout, &p).await {
+                    let applied = match transfer::complete(&self.store, id, layout, &p).await {
                         Ok(applied) => applied,
                         Err(e) => {
                             tracing::debug!(sku, transfer = %p.id, error = %e, "could not finish a pending transfer; retrying");
@@ -104,7 +106,7 @@ impl Recovery {
                     );
                 }
             }
-            match super::feed::feed(&self.store, &sku, layout).await {
+            match super::feed::feed(&self.store, id, layout).await {
                 Ok(0) => {}
                 Ok(units) => {
                     tracing::debug!(sku, units, "offered pooled units to the SKU's waitlists");

@@ -25,6 +25,7 @@ use crate::keys::SkuKeys;
 use crate::layout::Layout;
 use crate::metrics as m;
 use crate::scripts;
+use crate::sku::SkuId;
 use crate::store::Store;
 
 // The scripts' words for a transfer's source and step 1's answer.
@@ -70,7 +71,7 @@ impl Pending {
 /// The Redis error of the read.
 pub async fn pending(
     store: &Store,
-    sku: &str,
+    sku: &SkuId,
     layout: Layout,
     donor: u16,
 ) -> Result<Vec<Pending>, StoreError> {
@@ -140,7 +141,7 @@ pub async fn take(
 /// (every step may be sent again).
 pub async fn complete(
     store: &Store,
-    sku: &str,
+    sku: &SkuId,
     layout: Layout,
     p: &Pending,
 ) -> Result<bool, StoreError> {
@@ -174,7 +175,7 @@ pub async fn complete(
 /// As [`take`] and [`complete`]; a transfer left half done is finished by the recovery task.
 pub async fn transfer(
     store: &Store,
-    sku: &str,
+    sku: &SkuId,
     layout: Layout,
     (donor, recipient): (u16, u16),
     need: i64,

@@ -6,6 +6,7 @@ use serde::Serialize;
 use super::transfer::Pending;
 use crate::error::StoreError;
 use crate::layout::Layout;
+use crate::sku::SkuId;
 use crate::store::Store;
 
 /// One shard as Redis holds it.
@@ -66,7 +67,7 @@ pub struct ShardView {
 /// marked stale (the SKU fails closed as a whole), or the Redis error.
 pub async fn survey(
     store: &Store,
-    sku: &str,
+    sku: &SkuId,
     layout: Layout,
 ) -> Result<Vec<ShardState>, StoreError> {
     let names = layout.names(sku);
@@ -139,7 +140,7 @@ async fn read_shard(store: &Store, name: &str, shard: u16) -> Result<ShardState,
 /// As [`survey`].
 pub async fn settled(
     store: &Store,
-    sku: &str,
+    sku: &SkuId,
     layout: Layout,
     tries: usize,
 ) -> Result<Option<Vec<ShardState>>, StoreError> {
@@ -159,7 +160,7 @@ pub async fn settled(
 ///
 /// # Errors
 /// As [`survey`].
-pub async fn all_dry(store: &Store, sku: &str, layout: Layout) -> Result<bool, StoreError> {
+pub async fn all_dry(store: &Store, sku: &SkuId, layout: Layout) -> Result<bool, StoreError> {
     // A first reading that finds units settles the question at once.
     let first = survey(store, sku, layout).await?;
     if !first.iter().all(ShardState::is_dry) {
@@ -184,7 +185,7 @@ pub struct ShardedSide {
 /// recipient. `None` when Redis cannot tell.
 pub async fn in_transit(
     store: &Store,
-    sku: &str,
+    sku: &SkuId,
     layout: Layout,
     states: &[ShardState],
 ) -> Option<i64> {
@@ -214,7 +215,7 @@ pub async fn in_transit(
 /// `in_flight` net of what the ledger already holds) and their units `in_transit`.
 pub fn summed(
     store: &Store,
-    sku: &str,
+    sku: &SkuId,
     layout: Layout,
     states: &[ShardState],
     in_transit: i64,

@@ -44,6 +44,7 @@ use std::time::{Duration, Instant};
 use parking_lot::RwLock;
 
 use crate::layout::Layout;
+use crate::sku::SkuId;
 
 mod watcher;
 
@@ -97,12 +98,12 @@ impl SoldOut {
     }
 
     /// Whether a claim on `sku` may be refused from memory now.
-    pub fn refuses(&self, sku: &str) -> bool {
+    pub fn refuses(&self, sku: &SkuId) -> bool {
         let inner = self.inner.read();
         if !inner.live || self.trust.is_zero() {
             return false;
         }
-        match inner.skus.get(sku) {
+        match inner.skus.get(sku.as_str()) {
             Some(e) if e.since.elapsed() <= self.trust => {
                 // Load first: a store on every refusal would bounce the cache line.
                 if !e.used.load(Ordering::Relaxed) {
@@ -123,7 +124,7 @@ impl SoldOut {
 
     /// A read that began at `ticket` found `sku`'s stock at 0 (on every one of its shards,
     /// laid out as `layout`, with no transfer between them in flight).
-    pub fn learn(&self, sku: &str, layout: Layout, ticket: Ticket) {
+    pub fn learn(&self, sku: &SkuId, layout: Layout, ticket: Ticket) {
         let mut inner = self.inner.write();
         if !inner.live || inner.notices != ticket.notices {
             return;
@@ -133,20 +134,20 @@ impl SoldOut {
             used: AtomicBool::new(true),
             layout,
         };
-        match inner.skus.get_mut(sku) {
+        match inner.skus.get_mut(sku.as_str()) {
             Some(e) if e.since >= ticket.at => {}
             Some(e) => *e = entry,
             None => {
-                inner.skus.insert(sku.to_string(), entry);
+                inner.skus.insert(sku.as_str().to_owned(), entry);
             }
         }
     }
 
     /// Units may be back on `sku` (a notification, or a re-check that found stock).
-    fn forget(&self, sku: &str) {
+    fn forget(&self, sku: &SkuId) {
         let mut inner = self.inner.write();
         inner.notices += 1;
-        inner.skus.remove(sku);
+        inner.skus.remove(sku.as_str());
     }
 
     /// The subscription is up (`true`) or gone (`false`); either way every entry goes.
@@ -190,6 +191,10 @@ impl SoldOut {
 mod tests {
     use super::*;
 
+    fn id(s: &str) -> &SkuId {
+        SkuId::parse(s).expect("a valid SKU id")
+    }
+
     fn live() -> SoldOut {
         let s = SoldOut::new(TRUST);
         s.set_live(true);
@@ -199,27 +204,27 @@ mod tests {
     #[test]
     fn nothing_is_refused_while_the_subscription_is_down() {
         let s = SoldOut::new(TRUST);
-        s.learn("a", Layout::SINGLE, s.ticket());
-        assert!(!s.refuses("a"));
+        s.learn(id("a"), Layout::SINGLE, s.ticket());
+        assert!(!s.refuses(id("a")));
     }
 
     #[test]
     fn a_learned_sold_out_is_refused_until_a_notification() {
         let s = live();
-        s.learn("a", Layout::SINGLE, s.ticket());
-        assert!(s.refuses("a"));
-        assert!(!s.refuses("b"));
-        s.forget("a");
-        assert!(!s.refuses("a"));
+        s.learn(id("a"), Layout::SINGLE, s.ticket());
+        assert!(s.refuses(id("a")));
+        assert!(!s.refuses(id("b")));
+        s.forget(id("a"));
+        assert!(!s.refuses(id("a")));
     }
 
     #[test]
     fn a_notification_that_overtook_the_answer_wins() {
         let s = live();
         let t = s.ticket();
-        s.forget("a");
-        s.learn("a", Layout::SINGLE, t);
-        assert!(!s.refuses("a"));
+        s.forget(id("a"));
+        s.learn(id("a"), Layout::SINGLE, t);
+        assert!(!s.refuses(id("a")));
     }
 
     #[test]
@@ -227,17 +232,17 @@ mod tests {
         let s = live();
         let mut t = s.ticket();
         t.at -= TRUST + Duration::from_millis(1);
-        s.learn("a", Layout::SINGLE, t);
-        assert!(!s.refuses("a"));
+        s.learn(id("a"), Layout::SINGLE, t);
+        assert!(!s.refuses(id("a")));
     }
 
     #[test]
     fn losing_the_subscription_forgets_everything() {
         let s = live();
-        s.learn("a", Layout::SINGLE, s.ticket());
+        s.learn(id("a"), Layout::SINGLE, s.ticket());
         s.set_live(false);
         s.set_live(true);
-        assert!(!s.refuses("a"));
+        assert!(!s.refuses(id("a")));
     }
 
     /// The line every script that can raise a SKU's stock carries (see the module docs).
@@ -285,8 +290,8 @@ mod tests {
         let s = live();
         let mut t = s.ticket();
         t.at -= TRUST / 2;
-        s.learn("used", Layout::SINGLE, t);
-        s.learn("idle", Layout::SINGLE, t);
+        s.learn(id("used"), Layout::SINGLE, t);
+        s.learn(id("idle"), Layout::SINGLE, t);
         // First round: both were used since learning (learning counts as a use).
         let mut due = s.due();
         due.sort_by(|a, b| a.0.cmp(&b.0));
@@ -297,7 +302,7 @@ mod tests {
                 ("used".to_string(), Layout::SINGLE)
             ]
         );
-        assert!(s.refuses("used"));
+        assert!(s.refuses(id("used")));
         assert_eq!(s.due(), [("used".to_string(), Layout::SINGLE)]);
         assert_eq!(s.len(), 1);
     }

@@ -12,6 +12,7 @@ use crate::error::StoreError;
 use crate::keys::{split_shard, units_back_channel, SkuKeys};
 use crate::layout::Layout;
 use crate::metrics as m;
+use crate::sku::SkuId;
 use crate::store::Store;
 
 /// Every gateway publishes a heartbeat on its units-back channel this often; a subscription
@@ -95,7 +96,8 @@ impl Watcher {
                     let key: String = msg.get_payload().unwrap_or_default();
                     match SkuKeys::sku_of_state(&head, &key) {
                         // A shard's units are its SKU's: the SKU is forgotten.
-                        Some(name) => self.cache.forget(split_shard(name).0),
+                        // Trusted: a state key of our own store names a checked SKU.
+                        Some(name) => self.cache.forget(SkuId::trusted(split_shard(name).0)),
                         None if key == HEARTBEAT => heard = Instant::now(),
                         // Not a state key of ours: forget everything rather than guess.
                         None => self.cache.set_live(true),
@@ -152,10 +154,14 @@ impl Watcher {
         for (sku, layout) in &sharded {
             // One reading of every shard at one instant (two that agree): a single pass can
             // see a shard before a transfer landed there and its donor after it left.
+            // The cache's keys are copies of checked ids (`SoldOut::learn`).
+            let sku = SkuId::trusted(sku);
             match crate::shards::view::all_dry(&self.store, sku, *layout).await {
                 Ok(true) => self.cache.learn(sku, *layout, ticket),
                 Ok(false) => self.cache.forget(sku),
-                Err(e) => tracing::debug!(sku, error = %e, "sold-out re-check failed"),
+                Err(e) => {
+                    tracing::debug!(sku = sku.as_str(), error = %e, "sold-out re-check failed")
+                }
             }
         }
         m::sold_out_rechecks(sharded.len());
@@ -188,6 +194,7 @@ impl Watcher {
         match read {
             Ok(stocks) => {
                 for (sku, stock) in due.iter().zip(stocks) {
+                    let sku = SkuId::trusted(sku);
                     match stock {
                         Some(0) => self.cache.learn(sku, Layout::SINGLE, ticket),
                         _ => self.cache.forget(sku),

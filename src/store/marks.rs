@@ -41,12 +41,12 @@ pub struct Marks {
 const WALK: usize = 2_000;
 
 impl Marks {
-    fn mark(&self, sku: &str) -> Arc<Mark> {
-        if let Some(m) = self.map.get(sku) {
+    fn mark(&self, name: &str) -> Arc<Mark> {
+        if let Some(m) = self.map.get(name) {
             return m.clone();
         }
         self.map
-            .entry(sku.to_string())
+            .entry(name.to_string())
             .or_insert_with(|| {
                 Arc::new(Mark {
                     rotated_at: AtomicI64::new(-1),
@@ -56,17 +56,17 @@ impl Marks {
             .clone()
     }
 
-    /// The mark of `sku` (0 when unknown: nothing to compare against yet).
-    pub fn floor(&self, sku: &str) -> i64 {
+    /// The mark of the Redis name `name` (0 when unknown: nothing to compare against yet).
+    pub fn floor(&self, name: &str) -> i64 {
         self.map
-            .get(sku)
+            .get(name)
             .map_or(0, |m| m.seq.load(Ordering::Relaxed))
     }
 
-    /// The floor of the Redis name `sku` for a script call that may change its state; the
+    /// The floor of the Redis name `name` for a script call that may change its state; the
     /// name is then kept current every round.
-    pub fn fence(&self, sku: &str) -> Floor {
-        let m = self.mark(sku);
+    pub fn fence(&self, name: &str) -> Floor {
+        let m = self.mark(name);
         m.used.store(true, Ordering::Relaxed);
         Floor {
             seq: m.seq.load(Ordering::Relaxed),
@@ -74,29 +74,29 @@ impl Marks {
         }
     }
 
-    /// The floor of `sku` as known, without making it a name kept current.
-    pub fn fence_peek(&self, sku: &str) -> Floor {
-        self.map.get(sku).map_or(Floor::default(), |m| Floor {
+    /// The floor of `name` as known, without making it a name kept current.
+    pub fn fence_peek(&self, name: &str) -> Floor {
+        self.map.get(name).map_or(Floor::default(), |m| Floor {
             seq: m.seq.load(Ordering::Relaxed),
             inc: m.inc.load(Ordering::Relaxed),
         })
     }
 
-    /// Raises the mark of `sku` to `mark` (marks only grow).
-    pub fn observe(&self, sku: &str, mark: i64) {
-        let m = self.mark(sku);
+    /// Raises the mark of `name` to `mark` (marks only grow).
+    pub fn observe(&self, name: &str, mark: i64) {
+        let m = self.mark(name);
         m.used.store(true, Ordering::Relaxed);
         m.seq.fetch_max(mark, Ordering::Relaxed);
     }
 
-    /// Raises the recorded incarnation of `sku` to `inc`.
-    pub fn observe_inc(&self, sku: &str, inc: i64) {
-        self.mark(sku).inc.fetch_max(inc, Ordering::Relaxed);
+    /// Raises the recorded incarnation of `name` to `inc`.
+    pub fn observe_inc(&self, name: &str, inc: i64) {
+        self.mark(name).inc.fetch_max(inc, Ordering::Relaxed);
     }
 
     /// Learns a name's mark from the catalog without making it one this gateway keeps current.
-    pub fn learn(&self, sku: &str, seq: i64, inc: i64) {
-        let m = self.mark(sku);
+    pub fn learn(&self, name: &str, seq: i64, inc: i64) {
+        let m = self.mark(name);
         m.seq.fetch_max(seq, Ordering::Relaxed);
         m.inc.fetch_max(inc, Ordering::Relaxed);
     }

@@ -152,8 +152,9 @@ impl Store {
         self
     }
 
-    pub fn keys(&self, sku: &str) -> SkuKeys {
-        SkuKeys::new(&self.prefix, sku)
+    /// The keys of the Redis SKU `name`: a SKU's own name, or one shard's.
+    pub fn keys(&self, name: &str) -> SkuKeys {
+        SkuKeys::new(&self.prefix, name)
     }
 
     pub fn prefix(&self) -> &str {

@@ -25,9 +25,12 @@ pub struct RecentMarks {
 }
 
 impl RecentMarks {
-    /// Whether this gateway marked `sku` less than [`MARK_EVERY`] ago.
-    pub fn fresh(&self, sku: &str) -> bool {
-        self.last.get(sku).is_some_and(|t| t.elapsed() < MARK_EVERY)
+    /// Whether this gateway marked the Redis SKU `name` (a SKU, or one shard of one) less than
+    /// [`MARK_EVERY`] ago.
+    pub fn fresh(&self, name: &str) -> bool {
+        self.last
+            .get(name)
+            .is_some_and(|t| t.elapsed() < MARK_EVERY)
     }
 
     /// The SKUs this gateway marked (or failed to mark) within the [`HORIZON`]: its own writer
@@ -42,14 +45,14 @@ impl RecentMarks {
         out
     }
 
-    /// Notes an acknowledged mark of `sku`, sent at `sent`.
-    pub fn marked(&self, sku: &str, sent: Instant) {
-        self.last.insert(sku.to_string(), sent);
+    /// Notes an acknowledged mark of `name`, sent at `sent`.
+    pub fn marked(&self, name: &str, sent: Instant) {
+        self.last.insert(name.to_string(), sent);
     }
 
-    /// Notes a mark of `sku` that got no answer: its calls may have journaled unmarked.
-    pub fn failed(&self, sku: &str) {
-        self.failed.lock().insert(sku.to_string());
+    /// Notes a mark of `name` that got no answer: its calls may have journaled unmarked.
+    pub fn failed(&self, name: &str) {
+        self.failed.lock().insert(name.to_string());
     }
 
     /// The SKUs whose mark got no answer (taken: a retry that fails notes them again).

@@ -11,6 +11,7 @@ use uuid::Uuid;
 
 use crate::error::DbError;
 use crate::journal::{Batch, Change, WaitChange};
+use crate::sku::SkuId;
 use crate::status::EntryStatus;
 
 /// A change of a parked claim (in `persistence_pending`, not yet written) is kept there with
@@ -96,7 +97,7 @@ pub async fn apply_changes(db: &PgPool, changes: &[Change]) -> Result<Vec<Uuid>,
 /// The database error.
 pub async fn apply_waits(
     db: &PgPool,
-    sku: &str,
+    sku: &SkuId,
     waits: &[WaitChange],
 ) -> Result<Vec<Uuid>, DbError> {
     for rank in 0..3 {

@@ -216,19 +216,18 @@ impl Writer {
         }
     }
 
-    /// Settles one SKU's entries: those held from a failed pass first, else what its journal
-    /// holds, with the changes still waiting for their wins. Returns how many entries were
-    /// settled.
-    async fn pass(&mut self, sku: &str, autoclaim: bool) -> Result<usize, TaskError> {
-        // `sku` is a Redis name (a shard of a sharded SKU is `sku#i`): read once for the
-        // catalog SKU its rows name.
-        let name = ShardName::parse(sku);
-        let mut batch = match self.held.remove(sku) {
+    /// Settles the entries of the Redis SKU `name` (a SKU, or one shard of one): those held
+    /// from a failed pass first, else what its journal holds, with the changes still waiting
+    /// for their wins. Returns how many entries were settled.
+    async fn pass(&mut self, name: &str, autoclaim: bool) -> Result<usize, TaskError> {
+        // A shard of a sharded SKU is `sku#i`: parsed once for the catalog SKU its rows name.
+        let shard = ShardName::parse(name);
+        let mut batch = match self.held.remove(name) {
             // Entries of a stopped gateway may be what a held batch waits for (the wins of
             // its hold changes): they are taken over all the same.
             Some(mut held) if autoclaim => {
                 if let Ok(taken) =
-                    journal::autoclaim(&self.store, &self.consumer, self.claim_idle, &name).await
+                    journal::autoclaim(&self.store, &self.consumer, self.claim_idle, &shard).await
                 {
                     held.extend(taken);
                     held.dedup();
@@ -236,35 +235,35 @@ impl Writer {
                 held
             }
             Some(held) => held,
-            None => match self.read(&name, autoclaim).await {
+            None => match self.read(&shard, autoclaim).await {
                 Ok(b) => b,
                 Err(e) => {
-                    self.reread.insert(sku.to_string());
+                    self.reread.insert(name.to_string());
                     return Err(e.into());
                 }
             },
         };
-        if let Some(waiting) = self.waiting.remove(sku) {
+        if let Some(waiting) = self.waiting.remove(name) {
             batch.extend(waiting);
             batch.dedup();
         }
         if batch.is_empty() {
             return Ok(0);
         }
-        match self.settle(&name, &batch).await {
+        match self.settle(&shard, &batch).await {
             Ok(kept) if kept.is_empty() => Ok(batch.entries()),
             Ok(kept) => {
                 tracing::debug!(
-                    sku,
+                    sku = name,
                     changes = kept.changes.len(),
                     "hold changes wait for their wins"
                 );
                 let settled = batch.entries().saturating_sub(kept.entries());
-                self.waiting.insert(sku.to_string(), kept);
+                self.waiting.insert(name.to_string(), kept);
                 Ok(settled)
             }
             Err(e) => {
-                self.held.insert(sku.to_string(), batch);
+                self.held.insert(name.to_string(), batch);
                 Err(e)
             }
         }

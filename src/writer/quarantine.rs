@@ -16,6 +16,7 @@ use uuid::Uuid;
 use crate::error::DbError;
 use crate::journal::{Unreadable, Winner};
 use crate::metrics as m;
+use crate::sku::SkuId;
 
 /// One entry for the quarantine.
 #[derive(Debug, Clone)]
@@ -63,7 +64,7 @@ fn storable(s: &str) -> String {
 ///
 /// # Errors
 /// The database error: the caller keeps the batch and acknowledges nothing.
-pub async fn record(db: &PgPool, sku: &str, entries: &[Quarantined]) -> Result<(), DbError> {
+pub async fn record(db: &PgPool, sku: &SkuId, entries: &[Quarantined]) -> Result<(), DbError> {
     for q in entries {
         let inserted = sqlx::query(
             "INSERT INTO quarantine (sku, entry_id, claim_id, user_id, quantity, raw_entry, error)
@@ -83,7 +84,7 @@ pub async fn record(db: &PgPool, sku: &str, entries: &[Quarantined]) -> Result<(
         if inserted == 1 {
             m::quarantined();
             tracing::error!(
-                sku,
+                sku = sku.as_str(),
                 entry_id = %q.entry_id,
                 claim_id = ?q.claim_id,
                 units = ?q.quantity,

@@ -11,7 +11,7 @@ async fn a_stale_cached_sku_is_refreshed_without_blocking_readers() {
     let app = spawn_app().await;
     app.declare("stale", 5, 1).await;
     let catalog = Catalog::with_refresh_after(app.db.clone(), Duration::from_millis(1));
-    assert!(catalog.get("stale").await.unwrap().is_some());
+    assert!(catalog.get(sku_id("stale")).await.unwrap().is_some());
     sqlx::query("UPDATE skus SET per_user_limit = 3 WHERE sku = 'stale'")
         .execute(&app.db)
         .await
@@ -24,7 +24,7 @@ async fn a_stale_cached_sku_is_refreshed_without_blocking_readers() {
         runtime.block_on(async {
             loop {
                 tokio::time::sleep(Duration::from_millis(5)).await;
-                let sku = catalog.get("stale").await.unwrap().unwrap();
+                let sku = catalog.get(sku_id("stale")).await.unwrap().unwrap();
                 if sku.per_user_limit == 3 {
                     break;
                 }
@@ -43,7 +43,7 @@ async fn a_flood_of_unknown_sku_ids_cannot_grow_the_negative_cache_without_bound
     // Remembering is what a lookup does with PostgreSQL's "no such row"; 150k distinct ids
     // stand for a flood of random ones without 150k queries.
     for i in 0..150_000 {
-        catalog.remember(&format!("ghost-{i}"), None);
+        catalog.remember(sku_id(&format!("ghost-{i}")), None);
     }
     assert!(
         catalog.cached_entries() <= MAX_NEGATIVE_ENTRIES,
@@ -53,14 +53,14 @@ async fn a_flood_of_unknown_sku_ids_cannot_grow_the_negative_cache_without_bound
     assert_eq!(catalog.cached_unknown(), catalog.cached_entries());
     // A full cache makes room by sweeping the entries that have expired (after 1 s).
     wait_for(Duration::from_secs(5), || async {
-        catalog.remember("late-ghost", None);
+        catalog.remember(sku_id("late-ghost"), None);
         catalog.cached_unknown() < MAX_NEGATIVE_ENTRIES
     })
     .await;
     // A real SKU is still cached whatever the negative side holds.
     app.declare("real", 1, 1).await;
-    assert!(catalog.get("real").await.unwrap().is_some());
-    assert!(catalog.get("ghost-149999").await.unwrap().is_none());
+    assert!(catalog.get(sku_id("real")).await.unwrap().is_some());
+    assert!(catalog.get(sku_id("ghost-149999")).await.unwrap().is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

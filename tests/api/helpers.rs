@@ -156,6 +156,11 @@ pub async fn spawn_with_config(raw: RawConfig) -> TestApp {
     }
 }
 
+/// `s` as a SKU id, for the library calls that take one (a test's ids are valid ones).
+pub fn sku_id(s: &str) -> &dropgate::sku::SkuId {
+    dropgate::sku::SkuId::parse(s).expect("a valid SKU id")
+}
+
 pub fn token(user: &str) -> String {
     dropgate::auth::mint(&Secret::new(SECRET), user, None, 600).unwrap()
 }

@@ -591,7 +591,7 @@ async fn the_writers_waitlist_statement_moves_entries_only_forward_along_the_tab
             seq: 1,
         })
         .collect();
-    dropgate::writer::apply_waits(&db, "lc", &waits)
+    dropgate::writer::apply_waits(&db, crate::helpers::sku_id("lc"), &waits)
         .await
         .unwrap();
     let mut wrong = Vec::new();

@@ -22,7 +22,7 @@ use crate::services::GatewayProcess;
 /// salt (src/shards/placement.rs): on a cluster, read the names from the SKU view
 /// ([`shard_names`]).
 pub(crate) fn shard_name(sku: &str, i: u16) -> String {
-    dropgate::keys::shard_name(sku, i, 0)
+    dropgate::keys::shard_name(sku_id(sku), i, 0)
 }
 
 /// Each shard's Redis name, as the SKU view gives it (from the catalog row's layout).
@@ -331,7 +331,7 @@ async fn a_transfer_interrupted_between_its_steps_is_finished_once_and_creates_n
 
     // The gateway's own recovery task finishes it (after its few seconds' grace).
     wait_for(Duration::from_secs(20), || async {
-        transfer::pending(&store, &sku, layout, 1)
+        transfer::pending(&store, sku_id(&sku), layout, 1)
             .await
             .unwrap()
             .is_empty()
@@ -360,7 +360,7 @@ async fn a_transfer_interrupted_between_its_steps_is_finished_once_and_creates_n
     )
     .await
     .unwrap();
-    let p = transfer::pending(&store, &sku, layout, 2)
+    let p = transfer::pending(&store, sku_id(&sku), layout, 2)
         .await
         .unwrap()
         .remove(0);
@@ -372,16 +372,18 @@ async fn a_transfer_interrupted_between_its_steps_is_finished_once_and_creates_n
     let (a, b, c) = tokio::join!(
         first.round(Duration::ZERO),
         second.round(Duration::ZERO),
-        transfer::complete(&store, &sku, layout, &p)
+        transfer::complete(&store, sku_id(&sku), layout, &p)
     );
     a.unwrap();
     b.unwrap();
     assert!(c.unwrap());
     assert!(
-        transfer::complete(&store, &sku, layout, &p).await.unwrap(),
+        transfer::complete(&store, sku_id(&sku), layout, &p)
+            .await
+            .unwrap(),
         "idempotent"
     );
-    assert!(transfer::pending(&store, &sku, layout, 2)
+    assert!(transfer::pending(&store, sku_id(&sku), layout, 2)
         .await
         .unwrap()
         .is_empty());

@@ -60,7 +60,7 @@ async fn nobody_without_admission(
     .map_err(|e| e.to_string())?;
     let secret = dropgate::config::Secret::new(SECRET);
     for (user, what) in &users {
-        let t = dropgate::queue::order::ticket_id(&secret, SKU, tag, user);
+        let t = dropgate::queue::order::ticket_id(&secret, crate::helpers::sku_id(SKU), tag, user);
         if !in_set.contains_key(&t) && !seen.contains(&t) {
             return Err(format!(
                 "{user} has {what} of {SKU} and was never admitted (ticket {t})"
