@@ -27,7 +27,7 @@ type UsersAndStock = (Vec<(String, i64)>, Option<i64>);
 /// The Redis names of a model SKU's shards (one Redis: no placement salts).
 pub fn shard_names(sku: &str) -> Vec<String> {
     (0..spec(sku).shards as u16)
-        .map(|i| dropgate::keys::shard_name(sku, i, 0))
+        .map(|i| dropgate::keys::shard_name(crate::helpers::sku_id(sku), i, 0))
         .collect()
 }
 
