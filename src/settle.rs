@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::journal::WriterSignal;
-use crate::keys::bucket_of;
+use crate::keys::{bucket_of, ShardName};
 use crate::metrics as m;
 use crate::scripts;
 use crate::store::Store;
@@ -44,8 +44,9 @@ pub enum Settled {
 
 #[derive(Debug, Clone)]
 pub struct Unsettled {
-    /// The Redis SKU the claim's call went to: the SKU, or the buyer's shard of it.
-    pub sku: String,
+    /// The Redis SKU the claim's call went to: the SKU, or the buyer's shard of it. What a
+    /// buyer is told (and a token's scope is held to) is its catalog SKU, `name.sku()`.
+    pub name: ShardName,
     pub user: String,
     pub quantity: u32,
     pub state: Settled,
@@ -79,7 +80,7 @@ impl Settler {
         self.claims.insert(
             claim_id,
             Unsettled {
-                sku: name.to_string(),
+                name: ShardName::parse(name),
                 user: user.to_string(),
                 quantity,
                 state: Settled::Pending,
@@ -134,7 +135,7 @@ impl Settler {
         for e in self.claims.iter() {
             if e.state == Settled::Pending {
                 groups
-                    .entry((e.sku.clone(), bucket_of(e.key())))
+                    .entry((e.name.as_str().to_string(), bucket_of(e.key())))
                     .or_default()
                     .push(*e.key());
             }

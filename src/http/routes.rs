@@ -212,7 +212,7 @@ pub(super) async fn get_claim(
     // A claim this gateway still settles stays unknown here, whatever Redis's record says: a
     // win there that no replica acknowledged yet could still be taken back by a failover.
     if let Some(c) = state.claims.settler().lookup(&id) {
-        if c.state == Settled::Pending && owns(&c.user, &c.sku) {
+        if c.state == Settled::Pending && owns(&c.user, c.name.sku().as_str()) {
             return Err(ApiError::OutcomeUnknown(id));
         }
     }
@@ -239,7 +239,7 @@ fn unsettled_claim(
         .claims
         .settler()
         .lookup(&id)
-        .filter(|c| owns(&c.user, &c.sku))
+        .filter(|c| owns(&c.user, c.name.sku().as_str()))
         .ok_or(ApiError::UnknownClaim)?;
     match c.state {
         Settled::Pending => Err(ApiError::OutcomeUnknown(id)),
@@ -248,7 +248,7 @@ fn unsettled_claim(
         // the ledger will (find_claim reads both first).
         Settled::Won { expires_ms, .. } => Ok(ClaimRow {
             claim_id: id,
-            sku: c.sku,
+            sku: c.name.sku().as_str().to_string(),
             user: c.user,
             quantity: c.quantity as i32,
             status: if expires_ms.is_some() {

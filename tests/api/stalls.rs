@@ -121,3 +121,66 @@ async fn a_retry_with_the_same_key_settles_an_unknown_outcome_without_a_second_u
     assert_eq!(app.held("retry", "buyer").await, 1);
     assert_eq!(app.stock("retry").await, Some(4));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_outcome_on_a_later_shard_is_told_as_unknown_to_a_token_scoped_to_its_sku() {
+    let redis = PrivateRedis::start().await;
+    let app = spawn_app_with(|c| {
+        c.redis_url = redis.url();
+        c.redis_timeout_ms = "100".into();
+    })
+    .await;
+    let made = crate::lifecycle::declare_with(
+        &app.api,
+        "striped",
+        serde_json::json!({"total": 20, "per_user_limit": 1, "shards": 4}),
+    )
+    .await;
+    assert_eq!(made.status(), 201);
+    // A buyer whose claims go to a shard past the first: its Redis name is not the SKU.
+    let user = (0..)
+        .map(|i| format!("striped-{i}"))
+        .find(|u| dropgate::layout::shard_of_user(u, 4) >= 1)
+        .unwrap();
+    let scoped = token_for(&user, "striped");
+    redis.pause(3000).await;
+    let r = app
+        .http
+        .post(format!("{}/v1/skus/striped/claims", app.base))
+        .bearer_auth(&scoped)
+        .json(&serde_json::json!({"quantity": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(code(&body), "outcome_unknown", "{body}");
+    let id = body["claim_id"].as_str().unwrap().to_string();
+    let get = || {
+        app.http
+            .get(format!("{}/v1/claims/{id}", app.base))
+            .bearer_auth(&scoped)
+            .send()
+    };
+    // Still settling (Redis paused): unknown, as for any buyer, not a Redis error (the
+    // settler's record was held to the token's SKU by its shard's name).
+    let r = get().await.unwrap();
+    assert_eq!(r.status(), 503);
+    let told: Value = r.json().await.unwrap();
+    assert_eq!(code(&told), "outcome_unknown", "{told}");
+    // Once Redis answers: the claim, of its catalog SKU.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let claim: Value = loop {
+        let r = get().await.unwrap();
+        if r.status() == 200 {
+            break r.json().await.unwrap();
+        }
+        assert_ne!(r.status(), 404, "the claim ran once Redis resumed");
+        assert!(std::time::Instant::now() < deadline, "{id} never settled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(claim["sku"], "striped", "{claim}");
+    assert_eq!(claim["user"], user.as_str(), "{claim}");
+    let v = app.drained("striped").await;
+    assert_eq!(v["recorded"], 1, "{v}");
+}
