@@ -14,99 +14,26 @@
 //!
 //! docs/ledger-view.md says what each number counts and why a fenced reading balances.
 
+use std::future::Future;
+
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::error::{DbError, StoreError};
-use crate::journal::{entry_batch, Batch};
+use crate::error::DbError;
+use crate::journal::Batch;
 use crate::keys::ShardName;
 use crate::layout::Layout;
-use crate::scripts::{self, books::Side};
+use crate::scripts::books::Side;
 use crate::shards::transfer::Pending;
 use crate::shards::view::{ShardState, ShardView};
 use crate::sku::SkuId;
 use crate::store::Store;
 
 mod ledger_side;
+mod redis_side;
 pub use ledger_side::LedgerSums;
 use ledger_side::{backlog, ledger_side, Backlog};
-
-/// Unacknowledged journal entries read per shard (the writer's own batch size): beyond it
-/// the entries left out keep their units in `inflight` and count as unwritten.
-const ENTRIES: usize = 256;
-
-/// Nothing the view counts moved between two readings: every change of stock, pool or
-/// transfers bumps or moves the head, a new entry or an acknowledgement changes the set
-/// of unacknowledged entries (an id once acknowledged never comes back), and a restock's
-/// marker is set with its stock and sequence.
-fn unmoved(this: &Side, other: &Side) -> bool {
-    this.head == other.head
-        && this.more == other.more
-        && this.transfers == other.transfers
-        && this.entries.len() == other.entries.len()
-        && this
-            .entries
-            .iter()
-            .zip(&other.entries)
-            .all(|(a, b)| a.0 == b.0)
-}
-
-/// Runs `read_books.lua` on `name` (a SKU or a shard's Redis name), with the markers of
-/// `restocks` (operations PostgreSQL has pending) and of the compensations of `claims`.
-async fn read_side(
-    store: &Store,
-    name: &str,
-    restocks: &[Uuid],
-    claims: &[Uuid],
-) -> Result<Side, StoreError> {
-    let keys = store.keys(name);
-    let mut con = store.hot();
-    store
-        .bounded(scripts::books::read_books(
-            &mut con, &keys, restocks, claims, ENTRIES,
-        ))
-        .await
-}
-
-/// Every shard's side (shard 0 first), all in flight together, with the compensation markers
-/// of `claims[i]` on shard i; `None` when Redis cannot answer for one of them.
-async fn read_sides(
-    store: &Store,
-    names: &[String],
-    restocks: &[Uuid],
-    claims: &[Vec<Uuid>],
-) -> Option<Vec<Side>> {
-    let reads = names.iter().enumerate().map(|(i, name)| {
-        // Restocks move shard 0 only (src/inventory/restock.rs).
-        let ops = if i == 0 { restocks } else { &[] };
-        read_side(
-            store,
-            name,
-            ops,
-            claims.get(i).map_or(&[][..], Vec::as_slice),
-        )
-    });
-    futures_util::future::try_join_all(reads).await.ok()
-}
-
-/// Units of the reprocessed claims whose compensation Redis has given back (their marker says
-/// so) while their rows still count them in `pending`: they count once, in the stock. A
-/// compensation gives back and bumps the state's sequence in one script, so a fenced reading
-/// sees it either in both the stock and the marker or in neither.
-fn given_back(reprocessing: &[(Uuid, String, i64)], shards: &[Vec<Uuid>], sides: &[Side]) -> i64 {
-    let given: std::collections::HashSet<Uuid> = shards
-        .iter()
-        .zip(sides)
-        .flat_map(|(ids, s)| ids.iter().zip(&s.compensations))
-        .filter(|(_, m)| m.as_deref() == Some("compensated"))
-        .map(|(id, _)| *id)
-        .collect();
-    reprocessing
-        .iter()
-        .filter(|(id, _, _)| given.contains(id))
-        .map(|(_, _, q)| *q)
-        .sum()
-}
+use redis_side::{acknowledged_between, given_back, ids, read_sides, unmoved};
 
 /// The books of one SKU at one reading.
 #[derive(Debug, Clone)]
@@ -138,39 +65,48 @@ pub async fn read(
     sku: &SkuId,
     layout: Layout,
 ) -> Result<Reading, DbError> {
+    let now = || std::future::ready(());
+    read_between(
+        store,
+        db,
+        sku,
+        layout,
+        Between {
+            before_snapshot: now(),
+            before_second: now(),
+        },
+    )
+    .await
+}
+
+/// What a test runs between the steps of a reading, to place a move of Redis or PostgreSQL
+/// exactly there (tests/api/view_consistency.rs).
+#[doc(hidden)]
+pub struct Between<A, B> {
+    /// After the first Redis reading, before PostgreSQL's snapshot.
+    pub before_snapshot: A,
+    /// After the snapshot, before the second Redis reading.
+    pub before_second: B,
+}
+
+/// [`read`], with `between`'s steps run where they say.
+///
+/// # Errors
+/// As [`read`].
+#[doc(hidden)]
+pub async fn read_between<A: Future<Output = ()>, B: Future<Output = ()>>(
+    store: &Store,
+    db: &PgPool,
+    sku: &SkuId,
+    layout: Layout,
+    between: Between<A, B>,
+) -> Result<Reading, DbError> {
     let names = layout.names(sku);
     let shards: Vec<ShardName> = names.iter().map(|n| ShardName::parse(n)).collect();
     let first = read_sides(store, &names, &[], &[]).await;
-    let parsed = |sides: &Option<Vec<Side>>| -> Vec<Vec<Batch>> {
-        sides.as_ref().map_or_else(Vec::new, |sides| {
-            sides
-                .iter()
-                .zip(&shards)
-                .map(|(s, name)| {
-                    s.entries
-                        .iter()
-                        .map(|(_, e)| entry_batch(name, e.clone()))
-                        .collect()
-                })
-                .collect()
-        })
-    };
-    let batches = parsed(&first);
-    let claims: Vec<Uuid> = batches
-        .iter()
-        .flatten()
-        .flat_map(|b| {
-            b.winners
-                .iter()
-                .map(|w| w.claim_id)
-                .chain(b.changes.iter().map(|c| c.claim_id))
-        })
-        .collect();
-    let waits: Vec<Uuid> = batches
-        .iter()
-        .flatten()
-        .flat_map(|b| b.waits.iter().map(|w| w.entry_id))
-        .collect();
+    let batches = redis_side::batches(first.as_deref(), &shards);
+    let (claims, waits) = ids(&batches);
+    between.before_snapshot.await;
     let states = first.as_ref().and_then(|s| shard_states(s, &[]));
     // A transfer's second step moves its recipient's stock: read between the two readings,
     // the fence covers it.
@@ -180,21 +116,32 @@ pub async fn read(
         }
         _ => None,
     };
-    let mut ledger = ledger_side(db, sku, &claims, &waits).await?;
+    let (mut ledger, mut snapshot) = ledger_side(db, sku, &claims, &waits).await?;
     let ops: Vec<Uuid> = ledger.restocks.iter().map(|(op, _)| *op).collect();
     // Each reprocessed claim's marker lives on its buyer's shard.
     let mut compensating = vec![Vec::new(); names.len()];
     for (claim, user, _) in &ledger.reprocessing {
         compensating[usize::from(layout.shard_of_user(user))].push(*claim);
     }
+    between.before_second.await;
     let second = read_sides(store, &names, &ops, &compensating).await;
     let fenced = match (&first, &second) {
         (Some(a), Some(b)) => a.len() == b.len() && a.iter().zip(b).all(|(x, y)| unmoved(x, y)),
         _ => false,
     };
-    // Unfenced, the second reading's entries are looked up in a snapshot taken for the
-    // first's: the caller reads again.
-    let batches = if fenced { batches } else { parsed(&second) };
+    // Unfenced, the second reading's entries count, looked up in the same snapshot; those
+    // the first showed and the second no longer does were acknowledged in between.
+    let (batches, vanished) = match (fenced, &first, &second) {
+        (false, Some(a), Some(b)) => {
+            let now = redis_side::batches(second.as_deref(), &shards);
+            let (claims, waits) = ids(&now);
+            ledger.look_up(&mut snapshot, &claims, &waits).await?;
+            (now, acknowledged_between(a, b, &shards))
+        }
+        (false, _, _) => (redis_side::batches(second.as_deref(), &shards), Vec::new()),
+        (true, _, _) => (batches, Vec::new()),
+    };
+    snapshot.close().await?;
     let total = ledger.total + restocks_pending(&ledger.restocks, second.as_ref());
     let Some(sides) = second else {
         return Ok(unknown(total, ledger.sums));
@@ -202,13 +149,8 @@ pub async fn read(
     ledger.sums.pending -= given_back(&ledger.reprocessing, &compensating, &sides);
     let backlogs: Vec<Backlog> = sides
         .iter()
-        .zip(
-            batches
-                .iter()
-                .map(Vec::as_slice)
-                .chain(std::iter::repeat(&[][..])),
-        )
-        .map(|(s, b)| backlog(b, s.more, &ledger))
+        .enumerate()
+        .map(|(i, s)| backlog(shard(&batches, i), shard(&vanished, i), s.more, &ledger))
         .collect();
     let unwritten = backlogs.iter().map(|b| b.unwritten).sum();
     if !layout.is_sharded() {
@@ -246,6 +188,11 @@ pub async fn read(
         sums: ledger.sums,
         fenced,
     })
+}
+
+/// Shard `i`'s entries (none past the end).
+fn shard(batches: &[Vec<Batch>], i: usize) -> &[Batch] {
+    batches.get(i).map_or(&[][..], Vec::as_slice)
 }
 
 fn unknown(total: i64, sums: LedgerSums) -> Reading {

@@ -1,7 +1,7 @@
 //! The ledger's side of a reading ([`super`]): one PostgreSQL snapshot, and what of the
 //! unacknowledged journal entries that snapshot already holds.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -74,10 +74,22 @@ pub(super) struct LedgerSide {
     /// `quarantine` as "quarantined").
     claims: HashMap<Uuid, Vec<String>>,
     waits: HashMap<Uuid, String>,
+    /// Every claim and waitlist entry looked up so far (found or not).
+    looked_up: HashSet<Uuid>,
     /// Parked claims a reprocessor is working on that `pending` counts: (claim, buyer, units).
     /// One that has just been compensated in Redis (its units back in stock) is counted there
     /// until its row says so.
     pub(super) reprocessing: Vec<(Uuid, String, i64)>,
+}
+
+/// The snapshot a reading's ledger side was taken in, kept open until Redis is read again: an
+/// unfenced reading looks up there the entries only the second Redis reading showed.
+pub(super) struct Snapshot(sqlx::Transaction<'static, sqlx::Postgres>);
+
+impl Snapshot {
+    pub(super) async fn close(self) -> Result<(), DbError> {
+        Ok(self.0.commit().await?)
+    }
 }
 
 pub(super) async fn ledger_side(
@@ -85,7 +97,7 @@ pub(super) async fn ledger_side(
     sku: &SkuId,
     claims: &[Uuid],
     waits: &[Uuid],
-) -> Result<LedgerSide, DbError> {
+) -> Result<(LedgerSide, Snapshot), DbError> {
     // Every query below reads the snapshot of the first: one instant of the ledger.
     let mut tx = db
         .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
@@ -105,35 +117,6 @@ pub(super) async fn ledger_side(
     .await?;
     let restocks: Vec<(Uuid, i64)> = ops.into_iter().zip(deltas).collect();
     let sums = ledger_sums(&mut *tx, sku).await?;
-    let mut found: HashMap<Uuid, Vec<String>> = HashMap::new();
-    if !claims.is_empty() {
-        let rows: Vec<(Uuid, String)> = sqlx::query_as(
-            "SELECT claim_id, status FROM issuances WHERE claim_id = ANY($1)
-             UNION ALL
-             SELECT claim_id,
-                    CASE WHEN status = 'compensated' THEN 'compensated' ELSE claim_status END
-               FROM persistence_pending WHERE claim_id = ANY($1) AND status <> 'resolved'
-             UNION ALL
-             SELECT claim_id, 'quarantined' FROM quarantine
-              WHERE claim_id = ANY($1) AND resolved_at IS NULL",
-        )
-        .bind(claims)
-        .fetch_all(&mut *tx)
-        .await?;
-        for (id, status) in rows {
-            found.entry(id).or_default().push(status);
-        }
-    }
-    let waits: HashMap<Uuid, String> = if waits.is_empty() {
-        HashMap::new()
-    } else {
-        sqlx::query_as("SELECT entry_id, status FROM waitlist WHERE entry_id = ANY($1)")
-            .bind(waits)
-            .fetch_all(&mut *tx)
-            .await?
-            .into_iter()
-            .collect()
-    };
     let reprocessing = sqlx::query_as(
         "SELECT claim_id, user_id, quantity::bigint FROM persistence_pending
           WHERE sku = $1 AND status = 'reprocessing' AND claim_status NOT IN ('cancelled', 'expired')",
@@ -141,15 +124,63 @@ pub(super) async fn ledger_side(
     .bind(sku)
     .fetch_all(&mut *tx)
     .await?;
-    tx.commit().await?;
-    Ok(LedgerSide {
+    let mut side = LedgerSide {
         total,
         restocks,
         sums,
-        claims: found,
-        waits,
+        claims: HashMap::new(),
+        waits: HashMap::new(),
+        looked_up: HashSet::new(),
         reprocessing,
-    })
+    };
+    let mut snapshot = Snapshot(tx);
+    side.look_up(&mut snapshot, claims, waits).await?;
+    Ok((side, snapshot))
+}
+
+impl LedgerSide {
+    /// Adds what `snap` holds of those of `claims` and `waits` not looked up before.
+    pub(super) async fn look_up(
+        &mut self,
+        snap: &mut Snapshot,
+        claims: &[Uuid],
+        waits: &[Uuid],
+    ) -> Result<(), DbError> {
+        let mut new = |ids: &[Uuid]| -> Vec<Uuid> {
+            ids.iter()
+                .copied()
+                .filter(|id| self.looked_up.insert(*id))
+                .collect()
+        };
+        let (claims, waits) = (new(claims), new(waits));
+        if !claims.is_empty() {
+            let rows: Vec<(Uuid, String)> = sqlx::query_as(
+                "SELECT claim_id, status FROM issuances WHERE claim_id = ANY($1)
+                 UNION ALL
+                 SELECT claim_id,
+                        CASE WHEN status = 'compensated' THEN 'compensated' ELSE claim_status END
+                   FROM persistence_pending WHERE claim_id = ANY($1) AND status <> 'resolved'
+                 UNION ALL
+                 SELECT claim_id, 'quarantined' FROM quarantine
+                  WHERE claim_id = ANY($1) AND resolved_at IS NULL",
+            )
+            .bind(&claims)
+            .fetch_all(&mut *snap.0)
+            .await?;
+            for (id, status) in rows {
+                self.claims.entry(id).or_default().push(status);
+            }
+        }
+        if !waits.is_empty() {
+            let rows: Vec<(Uuid, String)> =
+                sqlx::query_as("SELECT entry_id, status FROM waitlist WHERE entry_id = ANY($1)")
+                    .bind(&waits)
+                    .fetch_all(&mut *snap.0)
+                    .await?;
+            self.waits.extend(rows);
+        }
+        Ok(())
+    }
 }
 
 /// What one shard's unacknowledged entries leave unwritten at the snapshot.
@@ -163,43 +194,80 @@ pub(super) struct Backlog {
     pub(super) unwritten: i64,
 }
 
-pub(super) fn backlog(entries: &[Batch], more: bool, ledger: &LedgerSide) -> Backlog {
+/// Entries with anything the ledger does not hold yet count as unwritten; the units the
+/// snapshot holds of an entry Redis still counts in `inflight` come off it. `vanished`: entries
+/// acknowledged between the two readings of an unfenced one; Redis no longer counts them, so
+/// what of them the snapshot lacks (written after it) counts in flight, as it would have
+/// unacknowledged.
+pub(super) fn backlog(
+    entries: &[Batch],
+    vanished: &[Batch],
+    more: bool,
+    ledger: &LedgerSide,
+) -> Backlog {
     let mut out = Backlog::default();
     for b in entries {
-        let mut behind = !b.unreadable.is_empty();
-        for w in &b.winners {
-            if ledger.claims.contains_key(&w.claim_id) {
-                out.written_units += i64::from(w.quantity);
-            } else {
-                behind = true;
-            }
-        }
-        for c in &b.changes {
-            // The claim's row has left `held`: the change (or one that ends it as well) is in.
-            let done = ledger.claims.get(&c.claim_id).is_some_and(|ss| {
-                ss.iter()
-                    .any(|s| !matches!(s.as_str(), "held" | "issued" | "quarantined"))
-            });
-            if done {
-                if matches!(c.status.as_str(), "cancelled" | "expired") {
-                    out.written_units -= i64::from(c.quantity);
-                }
-            } else {
-                behind = true;
-            }
-        }
-        for w in &b.waits {
-            let done = ledger
-                .waits
-                .get(&w.entry_id)
-                .is_some_and(|s| wait_rank(s) >= wait_rank(w.status.as_str()));
-            behind |= !done;
-        }
-        out.unwritten += i64::from(behind);
+        let e = held(b, ledger);
+        out.written_units += e.held;
+        out.unwritten += i64::from(e.behind);
+    }
+    for b in vanished {
+        let e = held(b, ledger);
+        out.written_units -= e.moved - e.held;
+        out.unwritten += i64::from(e.behind);
     }
     // Entries past what one reading returns: not looked into, so not known to be written.
     out.unwritten += i64::from(more);
     out
+}
+
+/// One entry against the snapshot: the units it moved into `inflight` (wins, less the units
+/// its cancellations and expiries gave back), those of them the snapshot holds, and whether
+/// the snapshot lacks anything of it.
+struct Held {
+    moved: i64,
+    held: i64,
+    behind: bool,
+}
+
+fn held(b: &Batch, ledger: &LedgerSide) -> Held {
+    let mut e = Held {
+        moved: 0,
+        held: 0,
+        behind: !b.unreadable.is_empty(),
+    };
+    for w in &b.winners {
+        e.moved += i64::from(w.quantity);
+        if ledger.claims.contains_key(&w.claim_id) {
+            e.held += i64::from(w.quantity);
+        } else {
+            e.behind = true;
+        }
+    }
+    for c in &b.changes {
+        let gives_back = matches!(c.status.as_str(), "cancelled" | "expired");
+        if gives_back {
+            e.moved -= i64::from(c.quantity);
+        }
+        // The claim's row has left `held`: the change (or one that ends it as well) is in.
+        let done = ledger.claims.get(&c.claim_id).is_some_and(|ss| {
+            ss.iter()
+                .any(|s| !matches!(s.as_str(), "held" | "issued" | "quarantined"))
+        });
+        if !done {
+            e.behind = true;
+        } else if gives_back {
+            e.held -= i64::from(c.quantity);
+        }
+    }
+    for w in &b.waits {
+        let done = ledger
+            .waits
+            .get(&w.entry_id)
+            .is_some_and(|s| wait_rank(s) >= wait_rank(w.status.as_str()));
+        e.behind |= !done;
+    }
+    e
 }
 
 /// A waitlist entry's statuses only move forward (as the writer upserts them).

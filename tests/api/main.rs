@@ -51,5 +51,6 @@ mod soldout;
 mod stalls;
 mod tools;
 mod view_consistency;
+mod view_unfenced;
 mod waitlist;
 mod writer;

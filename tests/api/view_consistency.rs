@@ -155,7 +155,7 @@ async fn concurrent_restocks_with_no_buyer_never_show_a_view_out_of_balance_on_f
 }
 
 /// Journal entries delivered to a writer and not yet acknowledged.
-async fn unacknowledged(probe: &Probe, sku: &str) -> i64 {
+pub(crate) async fn unacknowledged(probe: &Probe, sku: &str) -> i64 {
     let reply: Vec<redis::Value> = redis::cmd("XPENDING")
         .arg(format!("{}:{{{sku}}}:journal", probe.prefix))
         .arg("writers")
@@ -167,7 +167,7 @@ async fn unacknowledged(probe: &Probe, sku: &str) -> i64 {
 
 /// Decides one call of 128 buyers (one unit each) on `sku`, as a gateway's lane would: one
 /// journal entry, so a writer holds all of them in one batch.
-async fn one_call(probe: &Probe, sku: &str) -> Vec<Uuid> {
+pub(crate) async fn one_call(probe: &Probe, sku: &str) -> Vec<Uuid> {
     let store = Store::connect(REDIS_URL, &probe.prefix, Duration::from_secs(2))
         .await
         .unwrap();
