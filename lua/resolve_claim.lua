@@ -17,7 +17,8 @@
 --
 -- Keeps I5 (docs/invariants.md).
 -- Invariant: an uncertain outcome gets exactly one answer. Nothing is decremented here; the
--- only write is the fence, which makes "not won" final instead of "not won yet".
+-- only write is the fence, which makes "not won" final instead of "not won yet" (once the
+-- replicas hold it: the callers WAIT before they say so, src/claims/call.rs, src/settle.rs).
 local records = KEYS[1]
 
 -- The stock left right after claim `index` won, from its call's record, or -1.

@@ -150,11 +150,11 @@ impl Settler {
             else {
                 continue;
             };
-            // A win read back counts only once the replicas hold it (a failover could still
-            // take it away): until then the claim stays unknown and is read again.
-            if answers.iter().any(Option::is_some)
-                && !matches!(self.store.replicated(&keys).await, Ok(true))
-            {
+            // A win read back, and the fence a read-back writes, count only once the replicas
+            // hold them (a failover could still take the win away, or lose the fence and let
+            // the call run on the promoted replica): until then the claim stays unknown and is
+            // read again.
+            if !matches!(self.store.replicated(&keys).await, Ok(true)) {
                 continue;
             }
             for (id, answer) in ids.iter().zip(answers) {

@@ -137,18 +137,26 @@ pub(super) async fn resolve(store: &Store, keys: &SkuKeys, ids: &[Uuid]) -> Deci
     let mut con = store.hot();
     for _ in 0..RESOLVE_ATTEMPTS {
         if let Ok(answers) = store.bounded(scripts::read_back(&mut con, keys, ids)).await {
+            // The fence is a write, and holds only once the replicas have it, as a win does:
+            // a master that dies before its replica has the fence leaves the call free to run
+            // on the promoted replica (a cluster connection resends it there), so until then
+            // "nothing moved" is not known.
+            let fence_holds = answers.iter().all(Option::is_some)
+                || matches!(store.replicated(keys).await, Ok(true));
             let out = answers
                 .into_iter()
-                .map(|a| match a {
+                .zip(ids)
+                .map(|(a, id)| match a {
                     // The call's record tells a hold's expiry: the win is answered as it was.
                     Some(w) => Ok(Decision::Won {
                         remaining: w.remaining,
                         expires_ms: w.expires_ms,
                     }),
                     // Fenced: the claim did not and now cannot win. Nothing moved.
-                    None => Err(StoreError::Unavailable(
+                    None if fence_holds => Err(StoreError::Unavailable(
                         "no answer from redis; the claim was fenced and moved nothing".into(),
                     )),
+                    None => Err(StoreError::OutcomeUnknown(*id)),
                 })
                 .collect();
             return (out, false);

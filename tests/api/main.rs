@@ -36,6 +36,7 @@ mod partition;
 mod problems;
 mod proxy;
 mod queue;
+mod replica_fence;
 mod restock;
 mod rollback;
 mod scope;

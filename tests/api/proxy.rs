@@ -32,6 +32,8 @@ struct Control {
     /// negative means no limit.
     reply_budget: AtomicI64,
     stopped: AtomicBool,
+    /// Requests thrown away by the black hole (the first MiB), for a test to await its own.
+    swallowed: std::sync::Mutex<Vec<u8>>,
 }
 
 pub struct FaultProxy {
@@ -51,6 +53,7 @@ impl FaultProxy {
             generation: AtomicU64::new(0),
             reply_budget: AtomicI64::new(-1),
             stopped: AtomicBool::new(false),
+            swallowed: std::sync::Mutex::new(Vec::new()),
         });
         let (c, cut_rx) = (control.clone(), cut.subscribe());
         tokio::spawn(async move {
@@ -99,6 +102,12 @@ impl FaultProxy {
         self.cut.send_replace(g);
     }
 
+    /// Whether the black hole has thrown away a request containing `needle`.
+    pub fn swallowed(&self, needle: &[u8]) -> bool {
+        let seen = self.control.swallowed.lock().unwrap();
+        seen.windows(needle.len()).any(|w| w == needle)
+    }
+
     /// Lets `bytes` more bytes of replies through, then cuts the connections (a reply cut in
     /// the middle); the limit is lifted by the cut.
     pub fn cut_replies_after(&self, bytes: i64) {
@@ -144,6 +153,12 @@ async fn pump(
             }
         }
         if *mode.borrow() == Mode::BlackHole {
+            if !reply {
+                let mut seen = c.swallowed.lock().unwrap();
+                if seen.len() < 1 << 20 {
+                    seen.extend_from_slice(&buf[..n]);
+                }
+            }
             continue;
         }
         let mut take = n;

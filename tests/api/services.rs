@@ -91,6 +91,46 @@ impl PrivateRedis {
         pause_redis(&self.url(), ms).await;
     }
 
+    /// Makes this Redis a replica of `master` and waits until its link is up.
+    pub async fn replicate(&self, master: &PrivateRedis) {
+        let mut con = redis::Client::open(self.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let _: () = redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(master.port)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        wait_for(Duration::from_secs(20), || {
+            let mut con = con.clone();
+            async move {
+                let info: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query_async(&mut con)
+                    .await
+                    .unwrap();
+                info.contains("master_link_status:up")
+            }
+        })
+        .await;
+    }
+
+    /// Sends the process `signal` (`STOP`: it answers nothing and acknowledges nothing, its
+    /// connections stay open; `CONT`: it goes on).
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id();
+        let ok = std::process::Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("kill is available")
+            .success();
+        assert!(ok, "kill -{signal} {pid}");
+    }
+
     /// SIGKILL: no shutdown, no save.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
