@@ -164,9 +164,25 @@ async fn apply_restock(
     floor: i64,
 ) -> Result<Restocked, StoreError> {
     match restock_call(store, sku, op, delta, RestockMode::Apply, epoch, floor).await {
-        Err(e) if e.is_uncertain() => read_back_restock(store, sku, op, delta, epoch).await,
+        Ok(r) if replicated(store, sku).await => Ok(r),
+        // Not held by the replicas yet (a failover would take it away), no answer, or on a
+        // cluster a refused connection (the connection retries inside a call, and an earlier
+        // try may have run): read back.
+        Ok(_) => read_back_restock(store, sku, op, delta, epoch).await,
+        Err(e)
+            if e.is_uncertain()
+                || (store.is_cluster() && matches!(e, StoreError::Unavailable(_))) =>
+        {
+            read_back_restock(store, sku, op, delta, epoch).await
+        }
         other => other,
     }
+}
+
+/// Whether the replicas hold what this gateway wrote on the SKU's node (always, without
+/// replicas): an outcome, or a read-back's fence, holds only then.
+async fn replicated(store: &Store, sku: &SkuId) -> bool {
+    matches!(store.replicated(&store.keys(sku.as_str())).await, Ok(true))
 }
 
 async fn read_back_restock(
@@ -179,14 +195,15 @@ async fn read_back_restock(
     let deadline = tokio::time::Instant::now() + SETTLE_LIMIT;
     loop {
         match restock_call(store, sku, op, delta, RestockMode::Resolve, epoch, 0).await {
-            Err(e) if e.is_uncertain() || matches!(e, StoreError::Unavailable(_)) => {
-                if tokio::time::Instant::now() > deadline {
-                    return Err(StoreError::Timeout);
-                }
-                tokio::time::sleep(SETTLE_PAUSE).await;
-            }
+            Ok(r) if replicated(store, sku).await => return Ok(r),
+            Ok(_) => {}
+            Err(e) if e.is_uncertain() || matches!(e, StoreError::Unavailable(_)) => {}
             other => return other,
         }
+        if tokio::time::Instant::now() > deadline {
+            return Err(StoreError::Timeout);
+        }
+        tokio::time::sleep(SETTLE_PAUSE).await;
     }
 }
 

@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+use serde_json::json;
+
 use crate::helpers::*;
 use crate::lifecycle::claim_one;
 use crate::proxy::{FaultProxy, Mode};
@@ -93,4 +95,52 @@ async fn a_fence_the_replica_does_not_hold_yet_is_told_as_an_unknown_outcome_not
     .await;
     assert_eq!(app.held("fence", user).await, 0);
     assert_eq!(app.stock("fence").await, Some(10));
+}
+
+/// A restock is a write the catalog's total follows: said applied (or fenced) only once the
+/// replicas hold it, or a failover could leave Redis's stock and the total apart (a negative
+/// restock lost with its master: more units on sale than the total).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restock_the_replica_does_not_hold_yet_is_answered_unknown_and_settles_once_it_does() {
+    let master = PrivateRedis::start().await;
+    let replica = PrivateRedis::start().await;
+    replica.replicate(&master).await;
+    let app = spawn_app_with(|c| {
+        c.redis_url = master.url();
+        c.redis_timeout_ms = "250".into();
+        c.redis_wait_replicas = "1".into();
+    })
+    .await;
+    assert_eq!(app.declare("rs", 10, 1).await.status(), 201);
+    replica.signal("STOP");
+    let r = app.restock("rs", -3).await;
+    let status = r.status().as_u16();
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(
+        (status, code(&body)),
+        (503, "outcome_unknown"),
+        "the replica does not hold the restock: {body}"
+    );
+    // Applied on the master, not on the replica; the total waits for the read-back.
+    assert_eq!(app.stock("rs").await, Some(7));
+    replica.signal("CONT");
+    // The sweep (or the next restock) reads it back, now held by the replica: applied, once.
+    let ops = || async {
+        sqlx::query_scalar::<_, String>("SELECT status FROM restock_ops WHERE sku = 'rs'")
+            .fetch_all(&app.db)
+            .await
+            .unwrap()
+    };
+    wait_for(Duration::from_secs(60), || async {
+        ops().await != ["pending"]
+    })
+    .await;
+    assert_eq!(ops().await, ["applied"]);
+    let v = app.view("rs").await;
+    assert_eq!(
+        (v["total"].clone(), v["consistent"].clone()),
+        (json!(7), json!(true)),
+        "{v}"
+    );
+    assert_eq!(app.stock("rs").await, Some(7));
 }
