@@ -92,13 +92,7 @@ pub(super) async fn decide_batch(
             }),
             false,
         ),
-        // On a cluster a refused connection is no proof that nothing was sent: the cluster
-        // connection retries inside the call, and an earlier try may have reached a master
-        // that ran the call (and passed it to its replica) before it died.
-        Err(e)
-            if e.is_uncertain()
-                || (store.is_cluster() && matches!(e, StoreError::Unavailable(_))) =>
-        {
+        Err(e) if store.may_have_run(&e) => {
             let (answers, silent) = resolve(store, keys, &ids()).await;
             (
                 replicated_or_unknown(store, keys, call, answers).await,

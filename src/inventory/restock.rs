@@ -165,16 +165,10 @@ async fn apply_restock(
 ) -> Result<Restocked, StoreError> {
     match restock_call(store, sku, op, delta, RestockMode::Apply, epoch, floor).await {
         Ok(r) if replicated(store, sku).await => Ok(r),
-        // Not held by the replicas yet (a failover would take it away), no answer, or on a
-        // cluster a refused connection (the connection retries inside a call, and an earlier
-        // try may have run): read back.
+        // Not held by the replicas yet (a failover would take it away), or it may have run
+        // without an answer: read back.
         Ok(_) => read_back_restock(store, sku, op, delta, epoch).await,
-        Err(e)
-            if e.is_uncertain()
-                || (store.is_cluster() && matches!(e, StoreError::Unavailable(_))) =>
-        {
-            read_back_restock(store, sku, op, delta, epoch).await
-        }
+        Err(e) if store.may_have_run(&e) => read_back_restock(store, sku, op, delta, epoch).await,
         other => other,
     }
 }

@@ -165,6 +165,11 @@ impl Store {
     pub fn is_cluster(&self) -> bool {
         matches!(self.hot, RedisConn::Cluster(_))
     }
+    /// Whether a call that failed with `e` may have run (read it back): on a cluster even a
+    /// refused one, as the connection retries inside a call and an earlier try may have run.
+    pub fn may_have_run(&self, e: &StoreError) -> bool {
+        e.is_uncertain() || (self.is_cluster() && matches!(e, StoreError::Unavailable(_)))
+    }
 
     /// The configured node URLs (the first one alone on a single Redis).
     pub fn urls(&self) -> &[String] {
