@@ -4,7 +4,8 @@
 # default 50,000), whose long PostgreSQL outage (a LOCK TABLE held, or the server unreachable)
 # lasts GATEWAY_MODEL_PG_OUTAGE_MS (default 60,000 here; CI's default run uses 4,000).
 # GATEWAY_MODEL_SKIP (comma-separated operation and fault names, docs/testing.md) leaves parts
-# out. A failing round keeps its log and prints its seed; replay it with
+# out. A failing round keeps its log and prints its seed (a passing one keeps it too when the
+# model's monitor printed an unbalanced reading); replay it with
 #   MODEL_SEED=<seed> GATEWAY_MODEL_STEPS=<steps> cargo test --test api model::
 # Usage: tests/soak.sh [hours]   (default 4)
 set -uo pipefail
@@ -23,8 +24,10 @@ while [ "$(date +%s)" -lt "$deadline" ]; do
   seed=$(od -An -N8 -tu8 /dev/urandom | tr -d ' ')
   log="$logs/round-$round-$seed.log"
   if MODEL_SEED="$seed" cargo test --test api -q model:: -- --nocapture >"$log" 2>&1; then
-    echo "round $round seed $seed: ok; $(grep -ho 'GATEWAY_MODEL_STEPS=[0-9]*\|[0-9]* steps in [^;]*' "$log" | tr '\n' ' ')"
-    rm -f "$log"
+    readings=$(grep -c '^monitor' "$log")
+    echo "round $round seed $seed: ok; $(grep -ho 'GATEWAY_MODEL_STEPS=[0-9]*\|[0-9]* steps in [^;]*' "$log" | tr '\n' ' ')monitor lines: $readings"
+    # A passing round's log goes, unless the monitor printed a reading to explain.
+    [ "$readings" -gt 0 ] || rm -f "$log"
   else
     failed=$((failed + 1))
     echo "round $round seed $seed: FAILED (log: $log)"

@@ -153,6 +153,32 @@ async fn decide_on(
     }
 }
 
+/// Redis's answer, unless the ledger decided the claim's compensation meanwhile. That decision
+/// is written before Redis gives the units back (src/reprocess/rows.rs), and from its commit
+/// GET reads the claim `compensated`; until the give-back reaches Redis (a fault can hold it
+/// up for a lease), Redis may still confirm, cancel or expire the hold. Told as Redis has it,
+/// a buyer would read two lives; `compensated` is where the claim ends either way (a confirmed
+/// hold's units go back too: lua/compensate.lua). Read after Redis decided, so a decision
+/// committed before it is seen. Best effort: without PostgreSQL, Redis's answer stands.
+async fn unless_compensated(catalog: &Catalog, id: Uuid, answer: HoldAnswer) -> HoldAnswer {
+    if matches!(
+        answer,
+        HoldAnswer::NotFound | HoldAnswer::Refused(ClaimStatus::Compensated)
+    ) {
+        return answer;
+    }
+    match rows::find_claim(catalog.db(), id).await {
+        Ok(Some(r)) if r.status == ClaimStatus::Compensated => {
+            HoldAnswer::Refused(ClaimStatus::Compensated)
+        }
+        Ok(_) => answer,
+        Err(e) => {
+            tracing::debug!(claim_id = %id, error = %e, "could not read the ledger after a hold's decision; Redis's answer stands");
+            answer
+        }
+    }
+}
+
 /// The record of the call that decided `id` and the hold `id`, on the Redis SKU `name`.
 async fn read_records(
     store: &Store,
@@ -200,6 +226,7 @@ pub async fn decide(
         };
         for name in names {
             if let Some(answer) = decide_on(store, &name, id, caller, op).await? {
+                let answer = unless_compensated(catalog, id, answer).await;
                 if op == HoldOp::Cancel && answer == HoldAnswer::Done && sku.layout.is_sharded() {
                     // While anybody waits, the unit came back into its shard's pool: offer it
                     // to the line that comes first now rather than at the recovery task's next

@@ -26,6 +26,11 @@ struct LiveClaim {
     expires_at: Option<chrono::DateTime<chrono::Utc>>,
     /// A claim PostgreSQL refused, still with the reprocessor.
     parked: bool,
+    /// A parked claim whose compensation the ledger decided (its `issuances` row
+    /// `compensated`): it is never recorded live, so its units are the stock's. (Only the live
+    /// claims' query reads it.)
+    #[sqlx(default)]
+    compensating: bool,
 }
 
 /// Streams the claims that hold units (written and live, refused and not yet compensated, or
@@ -43,16 +48,19 @@ pub(super) async fn stage_live_claims(
 ) -> Result<(i64, usize, Given), InventoryError> {
     let mut rows = sqlx::query_as::<_, LiveClaim>(
         "SELECT claim_id, user_id, quantity::bigint AS quantity, idempotency_key,
-                remaining_after, expires_at, false AS parked
+                remaining_after, expires_at, false AS parked, false AS compensating
            FROM issuances WHERE sku = $1 AND status IN ('issued', 'held', 'confirmed')
          UNION ALL
-         SELECT claim_id, user_id, quantity::bigint, idempotency_key, remaining_after,
-                expires_at, true
-           FROM persistence_pending WHERE sku = $1 AND status IN ('pending', 'reprocessing')
-            AND claim_status NOT IN ('cancelled', 'expired')
+         SELECT p.claim_id, p.user_id, p.quantity::bigint, p.idempotency_key, p.remaining_after,
+                p.expires_at, true,
+                EXISTS (SELECT 1 FROM issuances i
+                         WHERE i.claim_id = p.claim_id AND i.status = 'compensated')
+           FROM persistence_pending p
+          WHERE p.sku = $1 AND p.status IN ('pending', 'reprocessing')
+            AND p.claim_status NOT IN ('cancelled', 'expired')
          UNION ALL
          SELECT COALESCE(q.claim_id, '00000000-0000-0000-0000-000000000000'), q.user_id,
-                COALESCE(q.quantity, 0)::bigint, NULL, NULL, NULL, false
+                COALESCE(q.quantity, 0)::bigint, NULL, NULL, NULL, false, false
            FROM quarantine q
           WHERE q.sku = $1 AND q.resolved_at IS NULL
             AND NOT EXISTS (SELECT 1 FROM issuances i WHERE i.claim_id = q.claim_id)
@@ -78,10 +86,16 @@ pub(super) async fn stage_live_claims(
     }
     drop(rows);
     // A parked claim whose units a reprocessor already gave back (to the state this restore
-    // closed) holds none, whatever its row says yet: its compensation marker tells.
+    // closed) holds none, whatever its row says yet: its compensation marker tells. One whose
+    // compensation the ledger decided holds none either, even when Redis lost the give-back
+    // and its marker (a rollback): the ledger never records it live, so its units are the
+    // stock's, and the marker is set again so that the reprocessor gives nothing back twice.
+    // Staged as held instead, Redis would let its hold be confirmed, cancelled or expired
+    // after the buyer read it compensated (MODEL_SEED=4698885249057117653).
     let mut given = Given::new();
     for c in parked {
-        let home = &keys[shard_of(c.user_id.as_deref().unwrap_or(""))];
+        let shard = shard_of(c.user_id.as_deref().unwrap_or(""));
+        let home = &keys[shard];
         let marker: Option<String> = store
             .bounded(async {
                 Ok(redis::cmd("GET")
@@ -93,6 +107,17 @@ pub(super) async fn stage_live_claims(
         match marker.as_deref() {
             Some(m @ ("compensated" | "ended")) => {
                 given.insert(c.claim_id, m.to_string());
+            }
+            _ if c.compensating => {
+                pipes
+                    .add(shard)
+                    .set_ex(
+                        home.compensation(&c.claim_id),
+                        "compensated",
+                        crate::reprocess::MARKER_TTL_SECS,
+                    )
+                    .ignore();
+                given.insert(c.claim_id, "compensated".to_string());
             }
             _ => count(c, &mut units, &mut held, &mut pipes, keys, &shard_of),
         }

@@ -316,3 +316,139 @@ async fn a_parked_hold_given_back_before_its_row_closed_is_not_held_again_by_a_r
     wait_compensated(&app.db, claim).await;
     balanced(&app, "pg", 3).await;
 }
+
+/// The compensation of a parked hold is decided in the ledger (its `issuances` row
+/// `compensated`) before Redis gives the units back. When Redis then loses the give-back and its
+/// marker (a rollback), a restore must still rebuild the hold as compensated: staged `held`, it
+/// was confirmed, cancelled or expired by Redis after the buyer had read it compensated, a
+/// second life (MODEL_SEED=4698885249057117653: GET `compensated`, then confirm `expired`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_whose_compensation_the_ledger_decided_is_rebuilt_compensated_when_redis_lost_the_give_back(
+) {
+    let iso = Isolation::new();
+    let app = gateway(&iso, "1").await;
+    install_trigger(&app.db).await;
+    // `issuances` refuses the hold, not its compensated row: the ledger records the decision.
+    // The parked row cannot close: the compensation stays between its give-back and its end.
+    sqlx::raw_sql(
+        "CREATE OR REPLACE FUNCTION test_refuse() RETURNS trigger AS $$
+         BEGIN
+           IF NEW.user_id LIKE 'bad-%' AND NEW.status <> 'compensated' THEN
+             RAISE EXCEPTION 'test trigger refuses %', NEW.user_id;
+           END IF;
+           RETURN NEW;
+         END $$ LANGUAGE plpgsql;
+         CREATE FUNCTION test_keep_open() RETURNS trigger AS $$
+         BEGIN RAISE EXCEPTION 'test trigger keeps % open', NEW.claim_id; END $$
+         LANGUAGE plpgsql;
+         CREATE TRIGGER test_keep_open BEFORE UPDATE ON persistence_pending
+           FOR EACH ROW WHEN (NEW.status = 'compensated') EXECUTE FUNCTION test_keep_open();",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+    let r = declare_with(&app, "lost", json!({"total": 3, "hold_seconds": 600})).await;
+    assert_eq!(r.status(), 201);
+    let (s, body) = claim_one(&app, "lost", "bad-a").await;
+    assert_eq!((s, body["status"].as_str()), (201, Some("held")), "{body}");
+    let claim: Uuid = claim_id(&body).parse().unwrap();
+    let marker = format!("{}:{{lost}}:comp:{}", app.probe.prefix, claim.simple());
+    wait_for(Duration::from_secs(30), || async {
+        let m: Option<String> = redis::cmd("GET")
+            .arg(&marker)
+            .query_async(&mut app.probe.redis.clone())
+            .await
+            .unwrap();
+        m.as_deref() == Some("compensated")
+    })
+    .await;
+    let (s, body) = get_as(&app, &format!("/v1/claims/{claim}"), &token("bad-a")).await;
+    assert_eq!(
+        (s, body["status"].as_str()),
+        (200, Some("compensated")),
+        "{body}"
+    );
+    // Redis loses the give-back and its marker; the ledger keeps the decision.
+    let _: () = redis::cmd("DEL")
+        .arg(&marker)
+        .query_async(&mut app.probe.redis.clone())
+        .await
+        .unwrap();
+    let r = app.restore("lost", true).await;
+    assert_eq!(r.status(), 200);
+    // The units are back (the compensation was decided), and the hold is no buyer's to end.
+    assert_eq!(app.stock("lost").await, Some(3));
+    let (s, body) = post_as(
+        &app,
+        &format!("/v1/claims/{claim}/confirm"),
+        &token("bad-a"),
+    )
+    .await;
+    assert_eq!(
+        (s, body["code"].as_str()),
+        (409, Some("claim_compensated")),
+        "a hold read compensated was confirmed: {body}"
+    );
+    let (s, body) = get_as(&app, &format!("/v1/claims/{claim}"), &token("bad-a")).await;
+    assert_eq!(
+        (s, body["status"].as_str()),
+        (200, Some("compensated")),
+        "{body}"
+    );
+
+    sqlx::raw_sql("DROP TRIGGER test_keep_open ON persistence_pending")
+        .execute(&app.db)
+        .await
+        .unwrap();
+    wait_compensated(&app.db, claim).await;
+    balanced(&app, "lost", 3).await;
+}
+
+/// The ledger decides a parked hold's compensation before Redis gives its units back, and GET
+/// reads it `compensated` from then on. Until the give-back reaches Redis, a confirm or cancel
+/// that Redis still takes must be told `compensated` too, or the buyer reads two lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_the_ledger_decided_to_compensate_is_refused_as_compensated_before_redis_gave_it_back(
+) {
+    let iso = Isolation::new();
+    // The reprocessor keeps trying (and failing) to write the claim: it never compensates.
+    let app = gateway(&iso, "100").await;
+    install_trigger(&app.db).await;
+    let r = declare_with(&app, "late", json!({"total": 3, "hold_seconds": 600})).await;
+    assert_eq!(r.status(), 201);
+    let (s, body) = claim_one(&app, "late", "bad-a").await;
+    assert_eq!((s, body["status"].as_str()), (201, Some("held")), "{body}");
+    let claim: Uuid = claim_id(&body).parse().unwrap();
+    wait_parked(&app.db, claim, "held").await;
+    // The compensation's decision, as `decide_compensation` commits it (the refusing trigger
+    // is the test's, so it is set aside for this one row).
+    let mut tx = app.db.begin().await.unwrap();
+    sqlx::query("SET LOCAL session_replication_role = replica")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO issuances (claim_id, sku, user_id, quantity, status, created_at)
+         SELECT claim_id, sku, user_id, quantity, 'compensated', created_at
+           FROM persistence_pending WHERE claim_id = $1",
+    )
+    .bind(claim)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let (s, body) = get_as(&app, &format!("/v1/claims/{claim}"), &token("bad-a")).await;
+    assert_eq!(
+        (s, body["status"].as_str()),
+        (200, Some("compensated")),
+        "{body}"
+    );
+    for op in ["confirm", "cancel"] {
+        let (s, body) = post_as(&app, &format!("/v1/claims/{claim}/{op}"), &token("bad-a")).await;
+        assert_eq!(
+            (s, body["code"].as_str()),
+            (409, Some("claim_compensated")),
+            "a {op} of a hold read compensated: {body}"
+        );
+    }
+}

@@ -118,7 +118,9 @@ type LedgerLine = (String, Option<uuid::Uuid>, String, Option<i64>);
 
 /// What a reading out of balance rests on, for its failure message: each shard's state hash
 /// and unacknowledged journal entries (winners and changes), the ledger's rows of the claims
-/// those entries carry, and the SKU's open parked, quarantined and restock rows. Read after the
+/// those entries carry, each shard's compensation markers, every parked row of the SKU (closed
+/// ones too: a reading after a restore may rest on how one closed) with its `issuances` rows,
+/// and the SKU's open quarantined and restock rows. Read after the
 /// view, so it may have moved since; it says where the units are, not that they balanced.
 async fn explain(probe: &Probe, sku: &str) -> String {
     use std::fmt::Write;
@@ -147,6 +149,34 @@ async fn explain(probe: &Probe, sku: &str) -> String {
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
         let _ = write!(out, "\n  {name} state: {}", state.join(" "));
+        // Every compensation marker of the shard: which parked claims' units came back here
+        // ("compensated"), were found ended ("ended"), or are fenced by a reprocessor (a token).
+        let markers: redis::RedisResult<Vec<String>> = redis::cmd("KEYS")
+            .arg(format!("{head}comp:*"))
+            .query_async(&mut probe.redis.clone())
+            .await;
+        for key in markers.unwrap_or_default() {
+            let value: redis::RedisResult<Option<String>> = redis::cmd("GET")
+                .arg(&key)
+                .query_async(&mut probe.redis.clone())
+                .await;
+            let claim = key.rsplit(':').next().unwrap_or_default();
+            let Ok(id) = claim.parse::<uuid::Uuid>() else {
+                continue;
+            };
+            let hold: redis::RedisResult<Option<String>> = redis::cmd("HGET")
+                .arg(format!("{head}holds"))
+                .arg(id.to_string())
+                .query_async(&mut probe.redis.clone())
+                .await;
+            let _ = write!(
+                out,
+                "\n    marker {id} {:?} hold {:?}",
+                value.ok().flatten(),
+                hold.ok().flatten()
+            );
+            claims.push(id);
+        }
         let redis::Value::Array(entries) = entries else {
             continue;
         };
@@ -182,11 +212,13 @@ async fn explain(probe: &Probe, sku: &str) -> String {
         }
     }
     let rows: Result<Vec<LedgerLine>, _> = sqlx::query_as(
-        "SELECT 'issuances', claim_id, status, quantity::bigint FROM issuances WHERE claim_id = ANY($1)
+        "SELECT 'issuances', claim_id, status, quantity::bigint FROM issuances
+          WHERE claim_id = ANY($1)
+             OR claim_id IN (SELECT claim_id FROM persistence_pending WHERE sku = $2)
          UNION ALL
          SELECT 'pending', claim_id, status || '/' || claim_status, quantity::bigint
            FROM persistence_pending
-          WHERE claim_id = ANY($1) OR (sku = $2 AND status <> 'resolved')
+          WHERE claim_id = ANY($1) OR sku = $2
          UNION ALL
          SELECT 'quarantine', claim_id, COALESCE(resolved_at::text, 'open'), quantity::bigint
            FROM quarantine WHERE claim_id = ANY($1) OR (sku = $2 AND resolved_at IS NULL)
