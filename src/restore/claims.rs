@@ -114,7 +114,7 @@ pub(super) async fn stage_live_claims(
                     .set_ex(
                         home.compensation(&c.claim_id),
                         "compensated",
-                        crate::reprocess::MARKER_TTL_SECS,
+                        crate::keys::COMPENSATION_MARKER_TTL_SECS,
                     )
                     .ignore();
                 given.insert(c.claim_id, "compensated".to_string());
