@@ -75,6 +75,42 @@ async fn balanced(app: &TestApp, sku: &str, total: i64) {
     assert_eq!(v["consistent"], true, "{v}");
 }
 
+/// PostgreSQL refuses to close a parked row as compensated: the compensation stays between its
+/// give-back and its end until the trigger is dropped ([`let_parked_rows_close`]).
+async fn keep_parked_rows_open(db: &sqlx::PgPool) {
+    sqlx::raw_sql(
+        "CREATE FUNCTION test_keep_open() RETURNS trigger AS $$
+         BEGIN RAISE EXCEPTION 'test trigger keeps % open', NEW.claim_id; END $$
+         LANGUAGE plpgsql;
+         CREATE TRIGGER test_keep_open BEFORE UPDATE ON persistence_pending
+           FOR EACH ROW WHEN (NEW.status = 'compensated') EXECUTE FUNCTION test_keep_open();",
+    )
+    .execute(db)
+    .await
+    .unwrap();
+}
+
+async fn let_parked_rows_close(db: &sqlx::PgPool) {
+    sqlx::raw_sql("DROP TRIGGER test_keep_open ON persistence_pending")
+        .execute(db)
+        .await
+        .unwrap();
+}
+
+/// Waits until Redis's compensation marker of `claim` on `sku` reads `value`.
+pub async fn wait_marker(probe: &Probe, sku: &str, claim: Uuid, value: &str) {
+    let marker = format!("{}:{{{sku}}}:comp:{}", probe.prefix, claim.simple());
+    wait_for(Duration::from_secs(30), || async {
+        let m: Option<String> = redis::cmd("GET")
+            .arg(&marker)
+            .query_async(&mut probe.redis.clone())
+            .await
+            .unwrap();
+        m.as_deref() == Some(value)
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parked_hold_cancelled_before_a_restore_is_compensated_without_giving_its_units_twice() {
     let iso = Isolation::new();
@@ -272,32 +308,14 @@ async fn a_parked_hold_given_back_before_its_row_closed_is_not_held_again_by_a_r
     let app = gateway(&iso, "1").await;
     install_trigger(&app.db).await;
     // PostgreSQL down for the compensation's last step: the parked row cannot close.
-    sqlx::raw_sql(
-        "CREATE FUNCTION test_keep_open() RETURNS trigger AS $$
-         BEGIN RAISE EXCEPTION 'test trigger keeps % open', NEW.claim_id; END $$
-         LANGUAGE plpgsql;
-         CREATE TRIGGER test_keep_open BEFORE UPDATE ON persistence_pending
-           FOR EACH ROW WHEN (NEW.status = 'compensated') EXECUTE FUNCTION test_keep_open();",
-    )
-    .execute(&app.db)
-    .await
-    .unwrap();
+    keep_parked_rows_open(&app.db).await;
     let r = declare_with(&app, "pg", json!({"total": 3, "hold_seconds": 600})).await;
     assert_eq!(r.status(), 201);
     let (s, body) = claim_one(&app, "pg", "bad-a").await;
     assert_eq!((s, body["status"].as_str()), (201, Some("held")), "{body}");
     let claim: Uuid = claim_id(&body).parse().unwrap();
     // The compensation gave the units back in Redis; its row still says held.
-    let marker = format!("{}:{{pg}}:comp:{}", app.probe.prefix, claim.simple());
-    wait_for(Duration::from_secs(30), || async {
-        let m: Option<String> = redis::cmd("GET")
-            .arg(&marker)
-            .query_async(&mut app.probe.redis.clone())
-            .await
-            .unwrap();
-        m.as_deref() == Some("compensated")
-    })
-    .await;
+    wait_marker(&app.probe, "pg", claim, "compensated").await;
     assert_eq!(app.stock("pg").await, Some(3));
     assert_eq!(parked(&app.db, claim).await.unwrap().1, "held");
     // A restore (after a rollback, say) while the row is open counts none of its units...
@@ -309,10 +327,7 @@ async fn a_parked_hold_given_back_before_its_row_closed_is_not_held_again_by_a_r
     assert_ne!(s, 200, "a compensated hold cancelled again: {body}");
     assert_eq!(app.stock("pg").await, Some(3));
 
-    sqlx::raw_sql("DROP TRIGGER test_keep_open ON persistence_pending")
-        .execute(&app.db)
-        .await
-        .unwrap();
+    let_parked_rows_close(&app.db).await;
     wait_compensated(&app.db, claim).await;
     balanced(&app, "pg", 3).await;
 }
@@ -329,7 +344,6 @@ async fn a_hold_whose_compensation_the_ledger_decided_is_rebuilt_compensated_whe
     let app = gateway(&iso, "1").await;
     install_trigger(&app.db).await;
     // `issuances` refuses the hold, not its compensated row: the ledger records the decision.
-    // The parked row cannot close: the compensation stays between its give-back and its end.
     sqlx::raw_sql(
         "CREATE OR REPLACE FUNCTION test_refuse() RETURNS trigger AS $$
          BEGIN
@@ -337,31 +351,18 @@ async fn a_hold_whose_compensation_the_ledger_decided_is_rebuilt_compensated_whe
              RAISE EXCEPTION 'test trigger refuses %', NEW.user_id;
            END IF;
            RETURN NEW;
-         END $$ LANGUAGE plpgsql;
-         CREATE FUNCTION test_keep_open() RETURNS trigger AS $$
-         BEGIN RAISE EXCEPTION 'test trigger keeps % open', NEW.claim_id; END $$
-         LANGUAGE plpgsql;
-         CREATE TRIGGER test_keep_open BEFORE UPDATE ON persistence_pending
-           FOR EACH ROW WHEN (NEW.status = 'compensated') EXECUTE FUNCTION test_keep_open();",
+         END $$ LANGUAGE plpgsql;",
     )
     .execute(&app.db)
     .await
     .unwrap();
+    keep_parked_rows_open(&app.db).await;
     let r = declare_with(&app, "lost", json!({"total": 3, "hold_seconds": 600})).await;
     assert_eq!(r.status(), 201);
     let (s, body) = claim_one(&app, "lost", "bad-a").await;
     assert_eq!((s, body["status"].as_str()), (201, Some("held")), "{body}");
     let claim: Uuid = claim_id(&body).parse().unwrap();
-    let marker = format!("{}:{{lost}}:comp:{}", app.probe.prefix, claim.simple());
-    wait_for(Duration::from_secs(30), || async {
-        let m: Option<String> = redis::cmd("GET")
-            .arg(&marker)
-            .query_async(&mut app.probe.redis.clone())
-            .await
-            .unwrap();
-        m.as_deref() == Some("compensated")
-    })
-    .await;
+    wait_marker(&app.probe, "lost", claim, "compensated").await;
     let (s, body) = get_as(&app, &format!("/v1/claims/{claim}"), &token("bad-a")).await;
     assert_eq!(
         (s, body["status"].as_str()),
@@ -370,7 +371,11 @@ async fn a_hold_whose_compensation_the_ledger_decided_is_rebuilt_compensated_whe
     );
     // Redis loses the give-back and its marker; the ledger keeps the decision.
     let _: () = redis::cmd("DEL")
-        .arg(&marker)
+        .arg(format!(
+            "{}:{{lost}}:comp:{}",
+            app.probe.prefix,
+            claim.simple()
+        ))
         .query_async(&mut app.probe.redis.clone())
         .await
         .unwrap();
@@ -396,10 +401,7 @@ async fn a_hold_whose_compensation_the_ledger_decided_is_rebuilt_compensated_whe
         "{body}"
     );
 
-    sqlx::raw_sql("DROP TRIGGER test_keep_open ON persistence_pending")
-        .execute(&app.db)
-        .await
-        .unwrap();
+    let_parked_rows_close(&app.db).await;
     wait_compensated(&app.db, claim).await;
     balanced(&app, "lost", 3).await;
 }

@@ -388,16 +388,7 @@ async fn a_compensation_given_back_in_redis_and_not_yet_recorded_never_shows_the
     assert_eq!(s, 201, "{body}");
     let claim: Uuid = claim_id(&body).parse().unwrap();
     // The reprocessor gives the unit back in Redis; its row stays `reprocessing`.
-    let marker = format!("{}:{{cv}}:comp:{}", app.probe.prefix, claim.simple());
-    wait_for(Duration::from_secs(30), || async {
-        let m: Option<String> = redis::cmd("GET")
-            .arg(&marker)
-            .query_async(&mut app.probe.redis.clone())
-            .await
-            .unwrap();
-        m.as_deref() == Some("compensated")
-    })
-    .await;
+    crate::parked_holds::wait_marker(&app.probe, "cv", claim, "compensated").await;
     let status: String =
         sqlx::query_scalar("SELECT status FROM persistence_pending WHERE claim_id = $1")
             .bind(claim)
