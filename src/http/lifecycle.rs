@@ -63,7 +63,12 @@ pub(super) async fn decide_hold(
         .ok_or(ApiError::UnknownClaim)?;
     // A 200 carries the status it asked for (API.md). Redis deciding one way while the ledger
     // holds the claim as ended another means Redis decided on an older state than the
-    // ledger's: the ledger's status stands, and that state is closed until restore.
+    // ledger's: the ledger's status stands, and that state is closed until restore. Not so a
+    // compensation: the ledger decides it before Redis hears of it (src/reprocess/rows.rs), so
+    // Redis deciding the hold in between is no older state; the claim ends compensated.
+    if claim.status == ClaimStatus::Compensated {
+        return Err(refusal(claim.status));
+    }
     let confirmed_final = op == HoldOp::Confirm && claim.status == ClaimStatus::Issued;
     if claim.status != op.target() && claim.status != ClaimStatus::Held && !confirmed_final {
         if let Some(sku) = crate::lifecycle::sku_of(&state.catalog, &id).await? {

@@ -153,17 +153,18 @@ async fn decide_on(
     }
 }
 
-/// Redis's answer, unless the ledger decided the claim's compensation meanwhile. That decision
+/// Redis's refusal, unless the ledger decided the claim's compensation meanwhile. That decision
 /// is written before Redis gives the units back (src/reprocess/rows.rs), and from its commit
 /// GET reads the claim `compensated`; until the give-back reaches Redis (a fault can hold it
-/// up for a lease), Redis may still confirm, cancel or expire the hold. Told as Redis has it,
-/// a buyer would read two lives; `compensated` is where the claim ends either way (a confirmed
-/// hold's units go back too: lua/compensate.lua). Read after Redis decided, so a decision
-/// committed before it is seen. Best effort: without PostgreSQL, Redis's answer stands.
+/// up for a lease), Redis may still cancel or expire the hold. Told as Redis has it, a buyer
+/// would read two lives; `compensated` is where the claim ends either way. Read after Redis
+/// decided, so a decision committed before it is seen. Best effort: without PostgreSQL,
+/// Redis's answer stands. (A hold Redis confirmed or cancelled now is read back from the
+/// ledger by the caller, which tells a `compensated` row the same way: src/http/lifecycle.rs.)
 async fn unless_compensated(catalog: &Catalog, id: Uuid, answer: HoldAnswer) -> HoldAnswer {
     if matches!(
         answer,
-        HoldAnswer::NotFound | HoldAnswer::Refused(ClaimStatus::Compensated)
+        HoldAnswer::NotFound | HoldAnswer::Done | HoldAnswer::Refused(ClaimStatus::Compensated)
     ) {
         return answer;
     }
