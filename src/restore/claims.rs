@@ -27,8 +27,7 @@ struct LiveClaim {
     /// A claim PostgreSQL refused, still with the reprocessor.
     parked: bool,
     /// A parked claim whose compensation the ledger decided (its `issuances` row
-    /// `compensated`): it is never recorded live, so its units are the stock's. (Only the live
-    /// claims' query reads it.)
+    /// `compensated`). (Only the live claims' query reads it.)
     #[sqlx(default)]
     compensating: bool,
 }
@@ -87,15 +86,14 @@ pub(super) async fn stage_live_claims(
     drop(rows);
     // A parked claim whose units a reprocessor already gave back (to the state this restore
     // closed) holds none, whatever its row says yet: its compensation marker tells. One whose
-    // compensation the ledger decided holds none either, even when Redis lost the give-back
-    // and its marker (a rollback): the ledger never records it live, so its units are the
-    // stock's, and the marker is set again so that the reprocessor gives nothing back twice.
-    // Staged as held instead, Redis would let its hold be confirmed, cancelled or expired
-    // after the buyer read it compensated (MODEL_SEED=4698885249057117653).
+    // compensation the ledger decided but whose give-back Redis lost with its marker (a
+    // rollback) still holds its units here: the reprocessor gives them back, ending the hold
+    // (and an offer's entry) in the one way a compensation does. Its hold is staged never due
+    // to expire ("decided"): expired by Redis, it would read `expired` after the buyer read it
+    // `compensated` (MODEL_SEED=4698885249057117653).
     let mut given = Given::new();
     for c in parked {
-        let shard = shard_of(c.user_id.as_deref().unwrap_or(""));
-        let home = &keys[shard];
+        let home = &keys[shard_of(c.user_id.as_deref().unwrap_or(""))];
         let marker: Option<String> = store
             .bounded(async {
                 Ok(redis::cmd("GET")
@@ -109,15 +107,8 @@ pub(super) async fn stage_live_claims(
                 given.insert(c.claim_id, m.to_string());
             }
             _ if c.compensating => {
-                pipes
-                    .add(shard)
-                    .set_ex(
-                        home.compensation(&c.claim_id),
-                        "compensated",
-                        crate::keys::COMPENSATION_MARKER_TTL_SECS,
-                    )
-                    .ignore();
-                given.insert(c.claim_id, "compensated".to_string());
+                given.insert(c.claim_id, "decided".to_string());
+                count(c, &mut units, &mut held, &mut pipes, keys, &shard_of);
             }
             _ => count(c, &mut units, &mut held, &mut pipes, keys, &shard_of),
         }
@@ -132,9 +123,11 @@ pub(super) async fn stage_live_claims(
     Ok((units, held.len(), given))
 }
 
-/// Parked claims whose units a compensation gave back, with their marker ("compensated" or
-/// "ended"): restore counts none of their units, and stages no hold of theirs that could give
-/// them back again (src/restore/lifecycle.rs).
+/// Parked claims whose compensation is under way, by how far: "compensated" or "ended" (the
+/// marker: a compensation gave the units back, or found the hold ended), which restore counts
+/// none of the units of and stages no hold of that could give them back again; "decided" (the
+/// ledger decided it, Redis has not given back), whose units count and whose hold is staged
+/// never due to expire (src/restore/lifecycle.rs).
 pub(super) type Given = std::collections::HashMap<uuid::Uuid, String>;
 
 /// Counts one live claim's units (and its buyer's), and queues its idempotency record on its

@@ -82,10 +82,14 @@ pub(super) async fn stage(
     while let Some(mut h) = holds.try_next().await.map_err(DbError::from)? {
         // A parked hold whose units a compensation already gave back (its row not closed yet)
         // holds none, whatever its row's status says: it comes back ended, never due to expire
-        // or to be cancelled, so its units do not come back a second time.
+        // or to be cancelled, so its units do not come back a second time. One whose
+        // compensation is decided and not given back yet comes back held, but never due: only
+        // that compensation ends it (src/restore/claims.rs).
+        let mut due = true;
         if h.status == crate::status::ClaimStatus::Held {
             match given.get(&h.claim_id).map(String::as_str) {
                 Some("compensated") => h.status = crate::status::ClaimStatus::Compensated,
+                Some("decided") => due = false,
                 // A hold that had ended (cancelled or expired) before its compensation.
                 Some(_) => h.status = crate::status::ClaimStatus::Expired,
                 None => {}
@@ -105,7 +109,7 @@ pub(super) async fn stage(
         let pipe = pipes.add(shard);
         pipe.hset(shards[shard].holds(), &id, rec).ignore();
         // Only a hold still held is due to expire.
-        if h.status == crate::status::ClaimStatus::Held {
+        if h.status == crate::status::ClaimStatus::Held && due {
             pipe.zadd(shards[shard].expiry(), &id, h.expires_ms)
                 .ignore();
         }
