@@ -58,23 +58,32 @@ pub async fn restore(
         crate::activity::mark(store, name).await;
     }
     let mut con = store.hot();
+    // A state behind the ledger's mark is an older copy (a rollback) even when no script has
+    // run on it since to mark it stale: nobody claiming from it, it would keep what Redis
+    // lost (a restock's -3 showed as 3 units over for good) while every restore was refused.
+    let floors = crate::freshness::shard_marks::read_floors(db, &names).await?;
     let mut seqs = Vec::with_capacity(keys.len());
     let (mut present, mut missing, mut stale) = (false, false, None::<String>);
-    for k in &keys {
-        let (stock, seq, why): (Option<i64>, Option<i64>, Option<String>) = store
+    for (k, name) in keys.iter().zip(&names) {
+        let (stock, seq, why, inc): (Option<i64>, Option<i64>, Option<String>, Option<i64>) = store
             .bounded(async {
                 Ok(redis::cmd("HMGET")
                     .arg(k.state())
                     .arg("stock")
                     .arg("seq")
                     .arg("stale")
+                    .arg("inc")
                     .query_async(&mut con)
                     .await?)
             })
             .await?;
         present |= stock.is_some();
         missing |= stock.is_none();
-        stale = stale.or(why);
+        let floor = floors.iter().find(|(n, _)| n == name).map(|(_, f)| *f);
+        let behind = floor.filter(|f| stock.is_some() && f.is_above(seq, inc));
+        stale = stale
+            .or(why)
+            .or(behind.map(|f| format!("behind the ledger's mark {}", f.seq)));
         seqs.push(seq.unwrap_or(0));
     }
     // A SKU with a shard lost fails closed as a whole: like a lost SKU, it needs no force.

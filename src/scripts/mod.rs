@@ -212,6 +212,12 @@ impl Floor {
     pub fn seq(seq: i64) -> Floor {
         Floor { seq, inc: 0 }
     }
+
+    /// Whether a state with this `seq` and `inc` is older than the floor: `behind_floor` of
+    /// `lua/lib/fresh.lua`, for a reader that is not a script (a field absent reads 0).
+    pub fn is_above(&self, seq: Option<i64>, inc: Option<i64>) -> bool {
+        inc.unwrap_or(0) < self.inc || seq.unwrap_or(0) < self.seq
+    }
 }
 
 impl redis::ToRedisArgs for Floor {
