@@ -12,6 +12,11 @@
 
 use crate::sku::SkuId;
 
+/// How long a compensation marker lives: longer than any reprocessor's lease and retry
+/// schedule (the reprocessor sets it; a restore that finds a compensation decided sets it
+/// again: src/restore/claims.rs).
+pub const COMPENSATION_MARKER_TTL_SECS: u64 = 30 * 24 * 3600;
+
 /// The Redis name of shard `shard` of `sku` with placement salt `salt`: the SKU itself for
 /// shard 0, `<sku>#<shard>` for salt 0 (the name every shard had before salts, so existing
 /// SKUs keep their keys), `<sku>#<shard>.<salt>` otherwise. Only a catalog row's
@@ -283,7 +288,8 @@ impl SkuKeys {
         format!("{}feed", self.head)
     }
 
-    /// Marker that a claim's units were given back, so compensation happens once.
+    /// Marker that a claim's units were given back, so compensation happens once; it lives
+    /// [`COMPENSATION_MARKER_TTL_SECS`].
     pub fn compensation(&self, claim_id: &uuid::Uuid) -> String {
         format!("{}comp:{}", self.head, claim_id.simple())
     }

@@ -35,8 +35,7 @@ const TICK: Duration = Duration::from_millis(100);
 /// A lease outlives any one attempt by far; after it, another reprocessor may take the row.
 const LEASE_SECS: f64 = 30.0;
 const BATCH: i64 = 64;
-/// The compensation marker outlives any lease and any retry schedule.
-const MARKER_TTL_SECS: u64 = 30 * 24 * 3600;
+const MARKER_TTL_SECS: u64 = crate::keys::COMPENSATION_MARKER_TTL_SECS;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub(crate) struct PendingRow {

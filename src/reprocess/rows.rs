@@ -283,6 +283,18 @@ pub async fn mark_compensated(
             .execute(&mut *tx)
             .await?;
     }
+    if row.offer {
+        // An offer's entry ends with its hold. Redis's give-back ends it there and journals
+        // the end, but a restore that counted the units back itself (Redis had lost the
+        // give-back) leaves no give-back to do it: the ledger's row would stay `offered`.
+        sqlx::query(
+            "UPDATE waitlist SET status = 'expired', updated_at = now()
+              WHERE entry_id = $1 AND status = 'offered'",
+        )
+        .bind(row.claim_id)
+        .execute(&mut *tx)
+        .await?;
+    }
     sqlx::query("SAVEPOINT tombstone").execute(&mut *tx).await?;
     let live = match insert(&mut tx, row, ClaimStatus::Compensated).await {
         Ok(1) => None,

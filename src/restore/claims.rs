@@ -27,7 +27,8 @@ struct LiveClaim {
     /// A claim PostgreSQL refused, still with the reprocessor.
     parked: bool,
     /// A parked claim whose compensation the ledger decided (its `issuances` row
-    /// `compensated`). (Only the live claims' query reads it.)
+    /// `compensated`): it is never recorded live, so its units are the stock's. (Only the live
+    /// claims' query reads it.)
     #[sqlx(default)]
     compensating: bool,
 }
@@ -86,14 +87,18 @@ pub(super) async fn stage_live_claims(
     drop(rows);
     // A parked claim whose units a reprocessor already gave back (to the state this restore
     // closed) holds none, whatever its row says yet: its compensation marker tells. One whose
-    // compensation the ledger decided but whose give-back Redis lost with its marker (a
-    // rollback) still holds its units here: the reprocessor gives them back, ending the hold
-    // (and an offer's entry) in the one way a compensation does. Its hold is staged never due
-    // to expire ("decided"): expired by Redis, it would read `expired` after the buyer read it
-    // `compensated` (MODEL_SEED=4698885249057117653).
+    // compensation the ledger decided holds none either, even when Redis lost the give-back
+    // and its marker (a rollback): the ledger never records it live, so its units are the
+    // stock's, and the marker is set again so that nothing gives them back twice. Counted live
+    // instead, its units were lost for good when the reprocessor's give-back had reached the
+    // state this restore replaces (the reprocessor then only closes the row: a SKU a unit
+    // short, soak MODEL_SEED=15609882117256404618). Its hold comes back compensated and an
+    // offer's entry ended (src/restore/lifecycle.rs; the reprocessor ends the entry in the
+    // ledger, src/reprocess/rows.rs).
     let mut given = Given::new();
     for c in parked {
-        let home = &keys[shard_of(c.user_id.as_deref().unwrap_or(""))];
+        let shard = shard_of(c.user_id.as_deref().unwrap_or(""));
+        let home = &keys[shard];
         let marker: Option<String> = store
             .bounded(async {
                 Ok(redis::cmd("GET")
@@ -107,8 +112,15 @@ pub(super) async fn stage_live_claims(
                 given.insert(c.claim_id, m.to_string());
             }
             _ if c.compensating => {
-                given.insert(c.claim_id, "decided".to_string());
-                count(c, &mut units, &mut held, &mut pipes, keys, &shard_of);
+                pipes
+                    .add(shard)
+                    .set_ex(
+                        home.compensation(&c.claim_id),
+                        "compensated",
+                        crate::keys::COMPENSATION_MARKER_TTL_SECS,
+                    )
+                    .ignore();
+                given.insert(c.claim_id, "compensated".to_string());
             }
             _ => count(c, &mut units, &mut held, &mut pipes, keys, &shard_of),
         }
@@ -123,11 +135,10 @@ pub(super) async fn stage_live_claims(
     Ok((units, held.len(), given))
 }
 
-/// Parked claims whose compensation is under way, by how far: "compensated" or "ended" (the
-/// marker: a compensation gave the units back, or found the hold ended), which restore counts
-/// none of the units of and stages no hold of that could give them back again; "decided" (the
-/// ledger decided it, Redis has not given back), whose units count and whose hold is staged
-/// never due to expire (src/restore/lifecycle.rs).
+/// Parked claims whose units are back, with their marker: "compensated" (a compensation gave
+/// them back, or the ledger decided it and this restore counts them back) or "ended" (the
+/// compensation found the hold ended). Restore counts none of their units and stages no hold
+/// or offer of theirs that could give them back again (src/restore/lifecycle.rs).
 pub(super) type Given = std::collections::HashMap<uuid::Uuid, String>;
 
 /// Counts one live claim's units (and its buyer's), and queues its idempotency record on its

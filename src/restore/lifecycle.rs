@@ -80,16 +80,13 @@ pub(super) async fn stage(
     .bind(sku)
     .fetch(db);
     while let Some(mut h) = holds.try_next().await.map_err(DbError::from)? {
-        // A parked hold whose units a compensation already gave back (its row not closed yet)
-        // holds none, whatever its row's status says: it comes back ended, never due to expire
-        // or to be cancelled, so its units do not come back a second time. One whose
-        // compensation is decided and not given back yet comes back held, but never due: only
-        // that compensation ends it (src/restore/claims.rs).
-        let mut due = true;
+        // A parked hold whose units came back (a compensation gave them back, or the ledger
+        // decided it and this restore counts them back) holds none, whatever its row's status
+        // says: it comes back ended, never due to expire or to be cancelled, so its units do
+        // not come back a second time (src/restore/claims.rs).
         if h.status == crate::status::ClaimStatus::Held {
             match given.get(&h.claim_id).map(String::as_str) {
                 Some("compensated") => h.status = crate::status::ClaimStatus::Compensated,
-                Some("decided") => due = false,
                 // A hold that had ended (cancelled or expired) before its compensation.
                 Some(_) => h.status = crate::status::ClaimStatus::Expired,
                 None => {}
@@ -109,7 +106,7 @@ pub(super) async fn stage(
         let pipe = pipes.add(shard);
         pipe.hset(shards[shard].holds(), &id, rec).ignore();
         // Only a hold still held is due to expire.
-        if h.status == crate::status::ClaimStatus::Held && due {
+        if h.status == crate::status::ClaimStatus::Held {
             pipe.zadd(shards[shard].expiry(), &id, h.expires_ms)
                 .ignore();
         }
@@ -125,6 +122,12 @@ pub(super) async fn stage(
     .bind(sku)
     .fetch(db);
     while let Some(e) = entries.try_next().await.map_err(DbError::from)? {
+        // An offer whose hold came back ended has ended with it (its claim id is its entry
+        // id): it is neither anyone's place in line nor an offer open to take. The ledger's row
+        // reads `offered` until the compensation closes it (src/reprocess/rows.rs).
+        if given.contains_key(&e.entry_id) {
+            continue;
+        }
         let id = e.entry_id.to_string();
         let rec = format!(
             "{}|{}|{}|{}|{}",

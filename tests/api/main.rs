@@ -32,6 +32,7 @@ mod operators;
 mod outbox;
 mod parked_events;
 mod parked_holds;
+mod parked_restore;
 mod partition;
 mod problems;
 mod proxy;

@@ -16,13 +16,13 @@ use crate::helpers::*;
 use crate::lifecycle::{claim_id, claim_one, declare_with, get_as, post_as, settled};
 
 /// A gateway on `iso`'s database and prefix that compensates a parked claim after `attempts`.
-async fn gateway(iso: &Isolation, attempts: &str) -> TestApp {
+pub(crate) async fn gateway(iso: &Isolation, attempts: &str) -> TestApp {
     let mut raw = iso.raw_config(REDIS_URL);
     raw.reprocess_max_attempts = attempts.into();
     spawn_with_config(raw).await
 }
 
-async fn join(api: &Api, sku: &str, user: &str) -> (u16, Value) {
+pub(crate) async fn join(api: &Api, sku: &str, user: &str) -> (u16, Value) {
     post_as(api, &format!("/v1/skus/{sku}/waitlist"), &token(user)).await
 }
 
@@ -44,7 +44,7 @@ async fn wait_parked(db: &sqlx::PgPool, claim: Uuid, claim_status: &str) {
     .await;
 }
 
-async fn wait_compensated(db: &sqlx::PgPool, claim: Uuid) {
+pub(crate) async fn wait_compensated(db: &sqlx::PgPool, claim: Uuid) {
     // A reprocessor whose attempt failed takes the row again only once its lease (30 s) ran
     // out: the row may close up to 30 s after the fault is gone, plus a pass.
     wait_for(Duration::from_secs(90), || async {
@@ -56,7 +56,7 @@ async fn wait_compensated(db: &sqlx::PgPool, claim: Uuid) {
 }
 
 /// Stock + the ledger's live units is the total, and the view balances.
-async fn balanced(app: &TestApp, sku: &str, total: i64) {
+pub(crate) async fn balanced(app: &TestApp, sku: &str, total: i64) {
     let v = settled(app, &app.probe, sku).await;
     let live: i64 = sqlx::query_scalar(
         "SELECT COALESCE(SUM(quantity), 0)::bigint FROM issuances
@@ -77,7 +77,7 @@ async fn balanced(app: &TestApp, sku: &str, total: i64) {
 
 /// PostgreSQL refuses to close a parked row as compensated: the compensation stays between its
 /// give-back and its end until the trigger is dropped ([`let_parked_rows_close`]).
-async fn keep_parked_rows_open(db: &sqlx::PgPool) {
+pub(crate) async fn keep_parked_rows_open(db: &sqlx::PgPool) {
     sqlx::raw_sql(
         "CREATE FUNCTION test_keep_open() RETURNS trigger AS $$
          BEGIN RAISE EXCEPTION 'test trigger keeps % open', NEW.claim_id; END $$
@@ -90,7 +90,7 @@ async fn keep_parked_rows_open(db: &sqlx::PgPool) {
     .unwrap();
 }
 
-async fn let_parked_rows_close(db: &sqlx::PgPool) {
+pub(crate) async fn let_parked_rows_close(db: &sqlx::PgPool) {
     sqlx::raw_sql("DROP TRIGGER test_keep_open ON persistence_pending")
         .execute(db)
         .await
