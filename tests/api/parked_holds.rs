@@ -334,9 +334,10 @@ async fn a_parked_hold_given_back_before_its_row_closed_is_not_held_again_by_a_r
 
 /// The compensation of a parked hold is decided in the ledger (its `issuances` row
 /// `compensated`) before Redis gives the units back. When Redis then loses the give-back and its
-/// marker (a rollback), a restore stages the hold for that compensation alone to end: staged
-/// due to expire, Redis expired it after the buyer had read it compensated, a second life
-/// (MODEL_SEED=4698885249057117653: GET `compensated`, then confirm `expired`).
+/// marker (a rollback), a restore must not stage the hold as a live one: staged due to expire,
+/// Redis expired it after the buyer had read it compensated, a second life
+/// (MODEL_SEED=4698885249057117653: GET `compensated`, then confirm `expired`). It comes back
+/// compensated, its units counted back by the restore (tests/api/parked_restore.rs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hold_whose_compensation_the_ledger_decided_is_never_due_to_expire_after_a_restore() {
     let iso = Isolation::new();
