@@ -3,9 +3,9 @@
 # with no gateway in the way (issue 23's "≤ 6 µs per winner with events"): the SQL each design
 # runs per batch, driven by pgbench on a scratch database with the real schema.
 #
-#   now     the writer's insert of `issuances` and `outbox` in one statement (writer/postgres.rs),
-#           then the relay's lease UPDATE, its mark UPDATE and the retention trim's DELETE
-#           (outbox/store.rs), per row
+#   now     the relay as it is: the writer's insert of `issuances` and `outbox` in one statement
+#           (writer/postgres.rs), then the relay's lease UPDATE, its mark UPDATE and the
+#           retention trim's DELETE, per row (outbox/store.rs)
 #   leader  the same insert; one relay holds a lease row for all (one UPDATE per batch), reads
 #           the unsent rows without locking them, marks them sent, and the trim deletes them
 #   cursor  `issuances` alone is the outbox of `claim.won`: the insert stamps each row with its
@@ -42,6 +42,9 @@ pg_dump -h 127.0.0.1 -U postgres -s "$from" | "${PSQL[@]}" -d "$DB" >/dev/null
 # The cursor design's column, index and cursor row.
 "${PSQL[@]}" -d "$DB" <<'SQL'
 ALTER TABLE issuances ADD COLUMN won_xid xid8;
+-- The per-row lease of the relay (the "now" design), should the copied schema lack it.
+ALTER TABLE outbox ADD COLUMN IF NOT EXISTS lease_owner uuid,
+                   ADD COLUMN IF NOT EXISTS lease_until timestamptz;
 CREATE TABLE relay_cursor (id int PRIMARY KEY, owner uuid, lease_until timestamptz,
                            xid xid8 NOT NULL, claim_id uuid NOT NULL);
 INSERT INTO relay_cursor VALUES (1, NULL, NULL, '0', '00000000-0000-0000-0000-000000000000');
@@ -76,8 +79,10 @@ UPDATE outbox o SET lease_owner = '$owner', lease_until = now() + interval '10 s
         ORDER BY c.id LIMIT $BATCH FOR UPDATE SKIP LOCKED))
 RETURNING o.id, o.claim_id, o.seq, o.event, o.sku, o.user_id, o.quantity, o.status,
           o.occurred_at, o.created_at;
-UPDATE outbox SET sent_at = now() WHERE lease_owner = '$owner' AND sent_at IS NULL;
-DELETE FROM outbox WHERE id IN (SELECT id FROM outbox WHERE sent_at IS NOT NULL LIMIT 5000);
+UPDATE outbox SET sent_at = now()
+ WHERE id = ANY(ARRAY(SELECT id FROM outbox WHERE sent_at IS NULL AND lease_owner = '$owner'
+                       ORDER BY id LIMIT $BATCH));
+DELETE FROM outbox WHERE id IN (SELECT id FROM outbox WHERE sent_at < now() LIMIT 5000);
 SQL
 cat >"$TMP/leader.sql" <<SQL
 $with_outbox
@@ -92,24 +97,23 @@ SELECT c.id, c.claim_id, c.seq, c.event, c.sku, c.user_id, c.quantity, c.status,
  ORDER BY c.id LIMIT $BATCH;
 UPDATE outbox SET sent_at = now()
  WHERE id = ANY(ARRAY(SELECT id FROM outbox WHERE sent_at IS NULL ORDER BY id LIMIT $BATCH));
-DELETE FROM outbox WHERE id IN (SELECT id FROM outbox WHERE sent_at IS NOT NULL LIMIT 5000);
+DELETE FROM outbox WHERE id IN (SELECT id FROM outbox WHERE sent_at < now() LIMIT 5000);
 SQL
 cat >"$TMP/cursor.sql" <<SQL
 INSERT INTO issuances (claim_id, sku, user_id, quantity, idempotency_key, remaining_after,
                        created_at, seq, status, expires_at)
 SELECT c, s, u, q, k, r, t, n, 'issued', NULL FROM ($insert_rows) x;
-WITH cur AS (SELECT xid, claim_id FROM relay_cursor WHERE id = 1),
-     batch AS (
+SELECT xid::text AS cx FROM relay_cursor WHERE id = 1 \\gset
+WITH batch AS (
        SELECT i.won_xid, i.claim_id, i.sku, i.user_id, i.quantity, i.status, i.created_at
-         FROM issuances i, cur
-        WHERE (i.won_xid, i.claim_id) > (cur.xid, cur.claim_id)
+         FROM issuances i
+        WHERE i.won_xid > :cx::text::xid8
           AND i.won_xid < pg_snapshot_xmin(pg_current_snapshot())
         ORDER BY i.won_xid, i.claim_id LIMIT $BATCH),
-     last AS (SELECT won_xid, claim_id FROM batch ORDER BY won_xid DESC, claim_id DESC LIMIT 1)
-UPDATE relay_cursor r SET xid = last.won_xid, claim_id = last.claim_id,
-       owner = '$owner', lease_until = now() + interval '10 s'
-  FROM last WHERE r.id = 1
-RETURNING (SELECT count(*) FROM batch);
+     last AS (SELECT max(won_xid::text::bigint) AS x FROM batch)
+UPDATE relay_cursor r SET xid = last.x::text::xid8, owner = '$owner',
+       lease_until = now() + interval '10 s'
+  FROM last WHERE r.id = 1 AND last.x IS NOT NULL;
 SQL
 
 hz=$(getconf CLK_TCK)
