@@ -93,7 +93,10 @@ pub async fn resign(db: &PgPool, owner: Uuid) -> Result<(), DbError> {
 /// has an earlier event still unsent is left for a later round, so a claim's events reach
 /// JetStream in their order. (`= ANY(ARRAY(…))` rather than `IN (…)`: the planner then
 /// fetches the rows by primary key, where a semi-join would scan the whole table, sent rows
-/// of the retention period included.)
+/// of the retention period included. `seq = 1 OR`: a claim's first event has nothing before
+/// it, and without the row locks of `FOR UPDATE` the planner would otherwise check every
+/// unsent row with a hash anti-join on each batch, where this walks the unsent index in order
+/// and stops at the batch: 4.5× the PostgreSQL CPU per winner, measured.)
 ///
 /// Only rows above `after` are looked at: a relay working through a backlog passes the id
 /// below its last batch, so it does not walk again over the index entries of rows it has sent
@@ -109,9 +112,10 @@ pub async fn take(db: &PgPool, limit: i64, after: i64) -> Result<Vec<OutboxRow>,
           WHERE o.id = ANY(ARRAY(
                 SELECT c.id FROM outbox c
                  WHERE c.sent_at IS NULL AND c.id > $2
-                   AND NOT EXISTS (SELECT 1 FROM outbox e
-                                    WHERE e.claim_id = c.claim_id AND e.seq < c.seq
-                                      AND e.sent_at IS NULL)
+                   AND (c.seq = 1
+                        OR NOT EXISTS (SELECT 1 FROM outbox e
+                                        WHERE e.claim_id = c.claim_id AND e.seq < c.seq
+                                          AND e.sent_at IS NULL))
                  ORDER BY c.id
                  LIMIT $1))
           ORDER BY o.id",
