@@ -3,11 +3,12 @@
 # with no gateway in the way (issue 23's "≤ 6 µs per winner with events"): the SQL each design
 # runs per batch, driven by pgbench on a scratch database with the real schema.
 #
-#   now     the relay as it is: the writer's insert of `issuances` and `outbox` in one statement
-#           (writer/postgres.rs), then the relay's lease UPDATE, its mark UPDATE and the
-#           retention trim's DELETE, per row (outbox/store.rs)
-#   leader  the same insert; one relay holds a lease row for all (one UPDATE per batch), reads
-#           the unsent rows without locking them, marks them sent, and the trim deletes them
+#   now     the relay before migrations/0015_outbox_leader.sql: the writer's insert of
+#           `issuances` and `outbox` in one statement (writer/postgres.rs), then the relay's
+#           lease UPDATE, its mark UPDATE and the retention trim's DELETE, per row
+#   leader  the relay since 0015: the same insert; one relay holds a lease row for all (one
+#           UPDATE per batch), reads the unsent rows without locking them, marks them sent, and
+#           the trim deletes them
 #   cursor  `issuances` alone is the outbox of `claim.won`: the insert stamps each row with its
 #           transaction's xid8, and one relay reads the rows below the snapshot's xmin past
 #           its cursor, in (xid, claim id) order, and moves its cursor row (one UPDATE per batch)
@@ -42,7 +43,7 @@ pg_dump -h 127.0.0.1 -U postgres -s "$from" | "${PSQL[@]}" -d "$DB" >/dev/null
 # The cursor design's column, index and cursor row.
 "${PSQL[@]}" -d "$DB" <<'SQL'
 ALTER TABLE issuances ADD COLUMN won_xid xid8;
--- The per-row lease of the relay (the "now" design), should the copied schema lack it.
+-- The per-row lease of the relay before migrations/0015_outbox_leader.sql (the "now" design).
 ALTER TABLE outbox ADD COLUMN IF NOT EXISTS lease_owner uuid,
                    ADD COLUMN IF NOT EXISTS lease_until timestamptz;
 CREATE TABLE relay_cursor (id int PRIMARY KEY, owner uuid, lease_until timestamptz,

@@ -9,14 +9,15 @@
 //!   hold while parked) by the reprocessor's transaction that writes it, or that closes it as
 //!   compensated, followed there by `claim.compensated` (every claim's events begin with its
 //!   creation). Nothing is published from the claim path ([`events`], [`store`]).
-//! - **Relayed, leased and fenced** ([`relay`]). Every gateway runs a relay. A relay takes a
-//!   batch of unsent rows with `FOR UPDATE SKIP LOCKED` and a lease (owner, expiry), publishes
+//! - **Relayed by one leader** ([`relay`]). Every gateway runs a relay; the one holding the
+//!   lead (a lease on one row, renewed once per batch) takes a batch of unsent rows, publishes
 //!   them to JetStream in order with the event id as `Nats-Msg-Id`, awaits the
-//!   acknowledgements, and marks the acknowledged rows sent only while it still owns them. A
-//!   relay that dies or stalls loses its rows when the lease runs out; the next owner
-//!   publishes them again and JetStream's duplicate window drops the copies. A claim's event
-//!   is taken only once its earlier events are sent, so each claim's events reach the stream
-//!   in order however many relays run.
+//!   acknowledgements, and marks the acknowledged rows sent. A leader that dies or stalls loses
+//!   the lead when its lease runs out; the next one publishes what is unsent again and
+//!   JetStream's duplicate window drops the copies. A claim's event is taken only once its
+//!   earlier events are sent, so each claim's events reach the stream in order whichever
+//!   relay leads. (Rows were leased one by one before: an UPDATE per event, a third of its
+//!   cost to PostgreSQL; `migrations/0015_outbox_leader.sql`.)
 //! - **NATS down** costs the claim path nothing: rows wait in PostgreSQL, the backlog shows
 //!   in `/readyz` (`outbox`) and `/metrics`, and drains in order when NATS is back.
 //! - `dropgate events tail` ([`tail`]) is the example consumer.
@@ -38,9 +39,9 @@ pub use events::{EventKind, OutboxRow};
 pub use relay::Relay;
 pub use store::{record, NewEvent};
 
-/// How long a relay owns the rows it took. Longer than one batch can take (its sends, then
-/// [`jetstream::ACK_TIMEOUT`] for the acknowledgements), shorter than anyone should wait for a
-/// dead gateway's rows.
+/// How long a relay's lead lasts unless renewed. Longer than one batch can take (its sends,
+/// then [`jetstream::ACK_TIMEOUT`] for the acknowledgements), shorter than anyone should wait
+/// for a dead gateway's events.
 pub const LEASE: Duration = Duration::from_secs(10);
 
 /// A relay's failure. Every one leaves the rows unsent (or acknowledged and to be marked), to

@@ -24,7 +24,7 @@ const TRIM_EVERY: Duration = Duration::from_secs(60);
 const TRIM_CHUNK: i64 = 5000;
 /// While a relay works through a backlog it looks only above its last batch; at least this
 /// often (and whenever it has caught up) it looks from the start again, for rows below that
-/// committed late, were given back, or whose lease ran out.
+/// committed late, or whose publish failed.
 const FULL_SCAN_EVERY: Duration = Duration::from_secs(1);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
@@ -33,8 +33,8 @@ const CHANNEL: &str = "dropgate_outbox";
 
 pub struct Relay {
     db: PgPool,
-    /// Lease owner token of this process; a restarted gateway is a new owner and waits for
-    /// its predecessor's leases to run out.
+    /// Lead owner token of this process; a restarted gateway is a new owner and waits for
+    /// its predecessor's lead to run out (or to be given up at its shutdown).
     owner: Uuid,
     /// Where events go; `None` without `DROPGATE_NATS_URL` (only the backlog is watched).
     nats: Option<NatsConfig>,
@@ -46,7 +46,7 @@ pub struct Relay {
     acked: Vec<i64>,
     /// The state after the last round: a change is logged once, not every retry.
     state: NatsState,
-    /// Where the next lease looks from (see [`store::lease`]), and when it last looked from
+    /// Where the next take looks from (see [`store::take`]), and when it last looked from
     /// the start.
     floor: i64,
     full_scan_at: Instant,
@@ -149,6 +149,10 @@ impl Relay {
         }
         if let Some(p) = publisher.as_mut() {
             self.flush(p).await;
+            // Another gateway's relay leads at once, not after the lease.
+            if let Err(e) = store::resign(&self.db, self.owner).await {
+                tracing::debug!(error = %e, "outbox relay could not give up its lead; it runs out");
+            }
         }
         tracing::info!(owner = %self.owner, "outbox relay stopped");
     }
@@ -167,8 +171,9 @@ impl Relay {
         }
     }
 
-    /// One batch: mark what was acknowledged earlier, take unsent rows, publish, mark the
-    /// acknowledged ones sent, give back the rest. Returns how many rows were taken.
+    /// One batch: mark what was acknowledged earlier, take or renew the lead, take unsent rows,
+    /// publish, mark the acknowledged ones sent (the rest stay unsent). Returns how many rows
+    /// were taken (0 when another relay leads).
     async fn round(&mut self, p: &mut Publisher) -> Result<usize, RelayError> {
         let result = self.publish_batch(p).await;
         let state = match &result {
@@ -200,13 +205,18 @@ impl Relay {
             return Err(RelayError::Unreachable);
         }
         let leased_at = Instant::now();
+        // One relay publishes at a time; the others only sample and trim, ready to lead.
+        if !store::lead(&self.db, self.owner, LEASE).await? {
+            self.floor = 0;
+            return Ok(0);
+        }
         if self.full_scan_at.elapsed() >= FULL_SCAN_EVERY {
             self.floor = 0;
         }
         if self.floor == 0 {
             self.full_scan_at = leased_at;
         }
-        let rows = store::lease(&self.db, self.owner, LEASE, BATCH, self.floor).await?;
+        let rows = store::take(&self.db, BATCH, self.floor).await?;
         // A full batch: more is waiting above it. Otherwise caught up: look from the start.
         self.floor = match rows.first() {
             Some(first) if rows.len() as i64 >= BATCH => first.id - 1,
@@ -215,11 +225,11 @@ impl Relay {
         if rows.is_empty() {
             return Ok(0);
         }
-        // Stop sending while the acknowledgements could still arrive inside the lease.
+        // Stop sending while the acknowledgements could still arrive inside the lead's lease.
         let deadline = leased_at + LEASE.saturating_sub(ACK_TIMEOUT * 2);
         let results = p.publish(&rows, deadline).await;
         let now = chrono::Utc::now();
-        let mut failed = Vec::new();
+        let mut failed = 0usize;
         let mut first_error = None;
         let mut duplicates = 0;
         for (row, result) in rows.iter().zip(results) {
@@ -230,15 +240,14 @@ impl Relay {
                     m::outbox_lag((now - row.created_at).to_std().unwrap_or_default());
                 }
                 Err(e) => {
-                    failed.push(row.id);
+                    failed += 1;
                     first_error.get_or_insert(e);
                 }
             }
         }
-        if !failed.is_empty() {
-            m::outbox_publish_failed(failed.len() as u64);
-            // Best effort: otherwise the lease runs out and any relay takes them then.
-            let _ = store::release(&self.db, self.owner, &failed).await;
+        if failed > 0 {
+            // Left unsent: the next round (this leader's or the next one's) takes them again.
+            m::outbox_publish_failed(failed as u64);
         }
         m::outbox_duplicates(duplicates);
         self.mark_acked().await?;
@@ -248,21 +257,13 @@ impl Relay {
         }
     }
 
-    /// Marks the acknowledged rows sent. Rows another relay took over meanwhile stay its own
-    /// (the fence): it publishes them again and JetStream drops the copy.
+    /// Marks the acknowledged rows sent (a row a later leader sent again meanwhile is marked
+    /// already: JetStream dropped one of the copies).
     async fn mark_acked(&mut self) -> Result<(), RelayError> {
         if self.acked.is_empty() {
             return Ok(());
         }
-        let marked = store::mark_sent(&self.db, self.owner, &self.acked).await?;
-        if marked < self.acked.len() as u64 {
-            tracing::warn!(
-                owner = %self.owner,
-                acknowledged = self.acked.len(),
-                marked,
-                "outbox rows were taken over by another relay before they were marked sent; JetStream drops its copies"
-            );
-        }
+        let marked = store::mark_sent(&self.db, &self.acked).await?;
         m::outbox_published(marked);
         self.acked.clear();
         Ok(())

@@ -367,8 +367,7 @@ async fn events_tail_prints_json_lines_of_its_sku_and_resumes_where_it_stopped()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_relay_whose_lease_was_taken_over_marks_nothing_and_a_claim_waits_for_its_earlier_event()
-{
+async fn one_relay_leads_until_its_lease_runs_out_and_a_claim_waits_for_its_earlier_event() {
     use dropgate::outbox::{record, store, EventKind, NewEvent};
     // No NATS: the gateway's own relay only counts, so the test drives the relay's steps.
     let app = spawn_app().await;
@@ -390,32 +389,30 @@ async fn a_relay_whose_lease_was_taken_over_marks_nothing_and_a_claim_waits_for_
     tx.commit().await.unwrap();
     let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
 
+    // One relay leads at a time: A (with a lease of zero, run out at once) is replaced by B,
+    // which keeps the lead until it gives it up; A leads again only then.
+    assert!(store::lead(&app.db, a, Duration::ZERO).await.unwrap());
+    assert!(store::lead(&app.db, b, Duration::from_secs(60))
+        .await
+        .unwrap());
+    assert!(!store::lead(&app.db, a, Duration::from_secs(60))
+        .await
+        .unwrap());
+    assert!(store::lead(&app.db, b, Duration::from_secs(60))
+        .await
+        .unwrap());
+    store::resign(&app.db, b).await.unwrap();
+    assert!(store::lead(&app.db, a, Duration::from_secs(60))
+        .await
+        .unwrap());
     // Only the claim's first event is taken while it is unsent.
-    let taken = store::lease(&app.db, a, Duration::ZERO, 10, 0)
-        .await
-        .unwrap();
+    let taken = store::take(&app.db, 10, 0).await.unwrap();
     assert_eq!(taken.iter().map(|r| r.seq).collect::<Vec<_>>(), [1]);
-    // A's lease (zero long) has run out: B takes the row over; A can no longer mark it.
-    let taken = store::lease(&app.db, b, Duration::from_secs(60), 10, 0)
-        .await
-        .unwrap();
-    assert_eq!(taken.len(), 1);
-    assert_eq!(
-        store::mark_sent(&app.db, a, &[taken[0].id]).await.unwrap(),
-        0
-    );
-    assert!(store::lease(&app.db, a, Duration::from_secs(60), 10, 0)
-        .await
-        .unwrap()
-        .is_empty());
-    assert_eq!(
-        store::mark_sent(&app.db, b, &[taken[0].id]).await.unwrap(),
-        1
-    );
+    // Marked once, whoever marks it (it is marked only once JetStream acknowledged it).
+    assert_eq!(store::mark_sent(&app.db, &[taken[0].id]).await.unwrap(), 1);
+    assert_eq!(store::mark_sent(&app.db, &[taken[0].id]).await.unwrap(), 0);
     // Now the second event is free, and sent rows go after the retention period.
-    let next = store::lease(&app.db, a, Duration::from_secs(60), 10, 0)
-        .await
-        .unwrap();
+    let next = store::take(&app.db, 10, 0).await.unwrap();
     assert_eq!(next.iter().map(|r| r.seq).collect::<Vec<_>>(), [2]);
     assert_eq!(store::trim(&app.db, Duration::ZERO, 1).await.unwrap(), 1);
     let left: Vec<i32> = sqlx::query_scalar("SELECT seq FROM outbox")
