@@ -117,17 +117,8 @@ UPDATE relay_cursor r SET xid = last.x::text::xid8, owner = '$owner',
   FROM last WHERE r.id = 1 AND last.x IS NOT NULL;
 SQL
 
-hz=$(getconf CLK_TCK)
-pm=$(head -1 "$("${PSQL[@]}" -Atc 'SHOW data_directory')/postmaster.pid")
-# The cluster's CPU: the postmaster's, its children's, and the exited children's (reaped into
-# the postmaster's cutime/cstime). Other clusters on the machine are not counted.
-cluster_cpu() {
-  local total=0 pid
-  for pid in $(pgrep -P "$pm"); do
-    total=$(awk -v t="$total" -v hz="$hz" '{ sub(/^.*\) /, ""); printf "%.4f", t + ($12 + $13) / hz }' "/proc/$pid/stat" 2>/dev/null || echo "$total")
-  done
-  awk -v t="$total" -v hz="$hz" '{ sub(/^.*\) /, ""); printf "%.4f", t + ($12 + $13 + $14 + $15) / hz }' "/proc/$pm/stat"
-}
+# shellcheck source=cluster-cpu.sh
+source "$(dirname "${BASH_SOURCE[0]}")/cluster-cpu.sh"
 
 echo "design round rows cpu_s us_per_row wall_s"
 for round in $(seq "$ROUNDS"); do

@@ -14,15 +14,8 @@ set -euo pipefail
 
 ROUNDS=${ROUNDS:-2}
 export UNITS=${UNITS:-20000} BACKLOG=${BACKLOG:-20000}
-hz=$(getconf CLK_TCK)
-pm=$(head -1 "$(psql -h 127.0.0.1 -U postgres -XAtc 'SHOW data_directory')/postmaster.pid")
-cluster_cpu() {
-  local total=0 pid
-  for pid in $(pgrep -P "$pm"); do
-    total=$(awk -v t="$total" -v hz="$hz" '{ sub(/^.*\) /, ""); printf "%.4f", t + ($12 + $13) / hz }' "/proc/$pid/stat" 2>/dev/null || echo "$total")
-  done
-  awk -v t="$total" -v hz="$hz" '{ sub(/^.*\) /, ""); printf "%.4f", t + ($12 + $13 + $14 + $15) / hz }' "/proc/$pm/stat"
-}
+# shellcheck source=cluster-cpu.sh
+source "$(dirname "${BASH_SOURCE[0]}")/cluster-cpu.sh"
 
 for round in $(seq "$ROUNDS"); do
   for side in A B; do

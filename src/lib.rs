@@ -75,7 +75,8 @@
 //!    - [`reprocess`]: retries parked rows; after the last attempt records the compensation,
 //!      then gives the units back, once.
 //!    - [`outbox`]: claim events written in the ledger's own transactions, relayed to NATS
-//!      JetStream by a leased, fenced relay in every gateway; `dropgate events tail`.
+//!      JetStream by one leading relay (every gateway runs one, ready to lead);
+//!      `dropgate events tail`.
 //! 8. **observe** ([`live`], [`observe`]): what an operator watches that no request produces:
 //!    the per-SKU and backend gauges, each SKU's fail-closed transitions logged once
 //!    ([`observe`]); the live drop page's data, once a second ([`live`]).

@@ -111,6 +111,20 @@ pub async fn wait_marker(probe: &Probe, sku: &str, claim: Uuid, value: &str) {
     .await;
 }
 
+/// Redis loses the compensation marker of `claim` on `sku` (a rollback, as far as the marker
+/// goes).
+pub(crate) async fn lose_marker(probe: &Probe, sku: &str, claim: Uuid) {
+    let _: () = redis::cmd("DEL")
+        .arg(format!(
+            "{}:{{{sku}}}:comp:{}",
+            probe.prefix,
+            claim.simple()
+        ))
+        .query_async(&mut probe.redis.clone())
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parked_hold_cancelled_before_a_restore_is_compensated_without_giving_its_units_twice() {
     let iso = Isolation::new();
@@ -342,20 +356,8 @@ async fn a_parked_hold_given_back_before_its_row_closed_is_not_held_again_by_a_r
 async fn a_hold_whose_compensation_the_ledger_decided_is_never_due_to_expire_after_a_restore() {
     let iso = Isolation::new();
     let app = gateway(&iso, "1").await;
-    install_trigger(&app.db).await;
     // `issuances` refuses the hold, not its compensated row: the ledger records the decision.
-    sqlx::raw_sql(
-        "CREATE OR REPLACE FUNCTION test_refuse() RETURNS trigger AS $$
-         BEGIN
-           IF NEW.user_id LIKE 'bad-%' AND NEW.status <> 'compensated' THEN
-             RAISE EXCEPTION 'test trigger refuses %', NEW.user_id;
-           END IF;
-           RETURN NEW;
-         END $$ LANGUAGE plpgsql;",
-    )
-    .execute(&app.db)
-    .await
-    .unwrap();
+    crate::parked_restore::refuse_all_but_compensations(&app.db).await;
     keep_parked_rows_open(&app.db).await;
     let r = declare_with(&app, "lost", json!({"total": 3, "hold_seconds": 600})).await;
     assert_eq!(r.status(), 201);
@@ -370,15 +372,7 @@ async fn a_hold_whose_compensation_the_ledger_decided_is_never_due_to_expire_aft
         "{body}"
     );
     // Redis loses the give-back and its marker; the ledger keeps the decision.
-    let _: () = redis::cmd("DEL")
-        .arg(format!(
-            "{}:{{lost}}:comp:{}",
-            app.probe.prefix,
-            claim.simple()
-        ))
-        .query_async(&mut app.probe.redis.clone())
-        .await
-        .unwrap();
+    lose_marker(&app.probe, "lost", claim).await;
     let r = app.restore("lost", true).await;
     assert_eq!(r.status(), 200);
     // The hold waits for its compensation, which gives its units back: it is not due to expire,

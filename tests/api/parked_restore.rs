@@ -12,8 +12,8 @@ use crate::durability::install_trigger;
 use crate::helpers::*;
 use crate::lifecycle::{claim_id, claim_one, declare_with, get_as, post_as};
 use crate::parked_holds::{
-    balanced, gateway, join, keep_parked_rows_open, let_parked_rows_close, wait_compensated,
-    wait_marker,
+    balanced, gateway, join, keep_parked_rows_open, let_parked_rows_close, lose_marker,
+    wait_compensated, wait_marker,
 };
 
 /// The advisory lock the test holds to keep the reprocessor's closing transaction waiting.
@@ -21,7 +21,7 @@ const CLOSE_GATE: i64 = 220_305_889;
 
 /// `issuances` refuses the `bad-` buyers' live rows, not their compensated ones: the ledger
 /// records each compensation's decision.
-async fn refuse_all_but_compensations(db: &sqlx::PgPool) {
+pub(crate) async fn refuse_all_but_compensations(db: &sqlx::PgPool) {
     install_trigger(db).await;
     sqlx::raw_sql(
         "CREATE OR REPLACE FUNCTION test_refuse() RETURNS trigger AS $$
@@ -76,15 +76,7 @@ async fn a_restore_between_a_give_back_redis_lost_and_its_row_closing_counts_the
     wait_marker(&app.probe, "gap", claim, "compensated").await;
     // Redis loses the give-back and its marker, and the SKU is restored from the ledger while
     // the parked row is still open.
-    let _: () = redis::cmd("DEL")
-        .arg(format!(
-            "{}:{{gap}}:comp:{}",
-            app.probe.prefix,
-            claim.simple()
-        ))
-        .query_async(&mut app.probe.redis.clone())
-        .await
-        .unwrap();
+    lose_marker(&app.probe, "gap", claim).await;
     let r = app.restore("gap", true).await;
     assert_eq!(r.status(), 200);
     // The reprocessor, whose give-back came back done, closes the row and gives nothing more.
@@ -138,15 +130,7 @@ async fn an_offer_whose_give_back_redis_lost_ends_its_entry_when_a_restore_count
         .execute(&app.db)
         .await
         .unwrap();
-    let _: () = redis::cmd("DEL")
-        .arg(format!(
-            "{}:{{off}}:comp:{}",
-            app.probe.prefix,
-            offer.simple()
-        ))
-        .query_async(&mut app.probe.redis.clone())
-        .await
-        .unwrap();
+    lose_marker(&app.probe, "off", offer).await;
     assert_eq!(app.restore("off", true).await.status(), 200);
     assert_eq!(
         app.stock("off").await,
