@@ -45,20 +45,44 @@ const APPLY_CHANGES: &str = "WITH t AS (
 const LOCK_PARKED: &str = "SELECT claim_id FROM persistence_pending
      WHERE claim_id = ANY($1) ORDER BY claim_id FOR UPDATE";
 
-/// Entries only move forward; an offer's claim id is its entry id.
-const APPLY_WAITS: &str = "INSERT INTO waitlist
+/// `$from < $to` along the entry steps (waiting, offered, then one end), in SQL.
+macro_rules! advances {
+    ($from:literal, $to:literal) => {
+        concat!(
+            "((CASE ",
+            $from,
+            " WHEN 'waiting' THEN 0 WHEN 'offered' THEN 1 ELSE 2 END)",
+            " < (CASE ",
+            $to,
+            " WHEN 'waiting' THEN 0 WHEN 'offered' THEN 1 ELSE 2 END))"
+        )
+    };
+}
+
+/// Entries only move forward; an offer's claim id is its entry id. Two writers may write one
+/// entry's records out of order (a join read by a gateway that was killed or stalled, its leave
+/// by another): an entry whose end is written first gets no claim unless that end is an offer's
+/// (`claimed`), and an offer's record that comes after the end still names its claim. An entry
+/// never offered names no claim, or a client would hold the id of a claim that never existed.
+const APPLY_WAITS: &str = concat!(
+    "INSERT INTO waitlist AS w
       (entry_id, sku, user_id, position, status, claim_id, created_at, updated_at)
-    SELECT e, $1, u, o, st, CASE WHEN st = 'waiting' THEN NULL ELSE e END,
+    SELECT e, $1, u, o, st, CASE WHEN st IN ('offered', 'claimed') THEN e END,
            to_timestamp(ms::double precision / 1000), to_timestamp(ms::double precision / 1000)
       FROM UNNEST($2::uuid[], $3::text[], $4::int8[], $5::text[], $6::int8[])
         AS t(e, u, o, st, ms)
     ON CONFLICT (entry_id) DO UPDATE
-       SET status = EXCLUDED.status,
-           claim_id = CASE WHEN EXCLUDED.status IN ('offered', 'claimed')
-                           OR waitlist.claim_id IS NOT NULL THEN EXCLUDED.entry_id END,
-           updated_at = EXCLUDED.updated_at
-     WHERE (CASE waitlist.status WHEN 'waiting' THEN 0 WHEN 'offered' THEN 1 ELSE 2 END)
-         < (CASE EXCLUDED.status WHEN 'waiting' THEN 0 WHEN 'offered' THEN 1 ELSE 2 END)";
+       SET status = CASE WHEN ",
+    advances!("w.status", "EXCLUDED.status"),
+    " THEN EXCLUDED.status ELSE w.status END,
+           claim_id = COALESCE(w.claim_id, EXCLUDED.claim_id),
+           updated_at = CASE WHEN ",
+    advances!("w.status", "EXCLUDED.status"),
+    " THEN EXCLUDED.updated_at ELSE w.updated_at END
+     WHERE ",
+    advances!("w.status", "EXCLUDED.status"),
+    " OR (w.claim_id IS NULL AND EXCLUDED.claim_id IS NOT NULL)"
+);
 
 /// Applies hold status changes; returns the claims whose final status `issuances` now holds
 /// (their Redis hold records may go).

@@ -596,13 +596,23 @@ async fn the_writers_waitlist_statement_moves_entries_only_forward_along_the_tab
         .unwrap();
     let mut wrong = Vec::new();
     for (from, to, id) in cases {
-        let after: Option<EntryStatus> =
-            sqlx::query_scalar("SELECT status FROM waitlist WHERE entry_id = $1")
+        let (after, claim): (Option<EntryStatus>, Option<Uuid>) =
+            sqlx::query_as("SELECT status, claim_id FROM waitlist WHERE entry_id = $1")
                 .bind(id)
                 .fetch_optional(&db)
                 .await
-                .unwrap();
+                .unwrap()
+                .map_or((None, None), |(s, c)| (Some(s), c));
         let show = |s: Option<EntryStatus>| s.map_or("(none)".to_string(), |s| s.to_string());
+        // Only an offer's record names its claim, in whatever order the records come (two
+        // writers may write an end before the join or the offer it follows).
+        let offer = matches!(to, EntryStatus::Offered | EntryStatus::Claimed);
+        if claim != offer.then_some(id) {
+            wrong.push(format!(
+                "{} then {to}: claim {claim:?}, named only by an offer",
+                show(from)
+            ));
+        }
         let recorded =
             step_of(ENTRY_STEPS, from, to).filter(|s| s.recorded_by.contains(&APPLY_WAITS));
         if after != from {

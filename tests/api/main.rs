@@ -55,4 +55,5 @@ mod tools;
 mod view_consistency;
 mod view_unfenced;
 mod waitlist;
+mod waitlist_writers;
 mod writer;

@@ -123,6 +123,13 @@ pub async fn check_lifecycle(
                 "entry {entry} still offered once quiet (offers last 3 s)"
             ));
         }
+        // Only an offer names a claim, and that claim is in the ledger (an entry whose leave
+        // was written before its join once named a claim that never was).
+        if let Some(c) = claim.filter(|c| !status.contains_key(c)) {
+            return Err(format!(
+                "entry {entry} ({s}) names claim {c}, which the ledger does not hold"
+            ));
+        }
         // An entry is `claimed` once its offer is confirmed, and `claimed` is final (ENTRY_STEPS
         // has no step out of it: `EntryStatus::rank`); the claim may still be compensated after
         // the confirm (CLAIM_STEPS: `confirmed` -> `compensated`; docs/lifecycle.md, "Claim

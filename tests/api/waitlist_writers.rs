@@ -1,0 +1,104 @@
+//! Two gateways' writers share a SKU's journal, so one entry's records can reach the ledger out
+//! of order: a join read by a writer that stalls (or is killed, its entries taken over later)
+//! is written after the leave another writer read. The ledger must still tell the entry's
+//! story: found by the gateway model (`MODEL_SEED=12011016677555986856`), where a client read a
+//! claim id on a left entry and the claim was never there.
+
+use std::time::Duration;
+
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::helpers::*;
+use crate::lifecycle::{claim_one, declare_with, get_as, settled};
+use crate::parked_holds::join;
+
+/// The advisory lock the test holds to keep a writer's insert of a `waiting` entry waiting.
+const JOIN_GATE: i64 = 220_312_031;
+
+/// Inserts of `waiting` entries wait while the test holds [`JOIN_GATE`].
+async fn gate_joins(db: &sqlx::PgPool) {
+    sqlx::raw_sql(
+        "CREATE FUNCTION test_join_gate() RETURNS trigger AS $$
+         BEGIN PERFORM pg_advisory_xact_lock_shared(220312031); RETURN NEW; END $$
+         LANGUAGE plpgsql;
+         CREATE TRIGGER test_join_gate BEFORE INSERT ON waitlist
+           FOR EACH ROW WHEN (NEW.status = 'waiting') EXECUTE FUNCTION test_join_gate();",
+    )
+    .execute(db)
+    .await
+    .unwrap();
+}
+
+async fn entry_row(db: &sqlx::PgPool, entry: Uuid) -> Option<(String, Option<Uuid>)> {
+    sqlx::query_as("SELECT status, claim_id FROM waitlist WHERE entry_id = $1")
+        .bind(entry)
+        .fetch_optional(db)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_left_before_its_join_is_written_names_no_claim() {
+    let iso = Isolation::new();
+    let a = spawn_with_config(iso.raw_config(REDIS_URL)).await;
+    let b = spawn_with_config(iso.raw_config(REDIS_URL)).await;
+    let r = declare_with(&a, "wo", json!({"total": 1, "hold_seconds": 600})).await;
+    assert_eq!(r.status(), 201);
+    let (s, body) = claim_one(&a, "wo", "winner").await;
+    assert_eq!(s, 201, "{body}");
+    settled(&a, &a.probe, "wo").await;
+
+    gate_joins(&a.db).await;
+    let mut gate = a.db.acquire().await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(JOIN_GATE)
+        .execute(&mut *gate)
+        .await
+        .unwrap();
+    let (s, body) = join(&a, "wo", "ann").await;
+    assert_eq!(s, 201, "{body}");
+    let entry: Uuid = body["entry_id"].as_str().unwrap().parse().unwrap();
+    // One writer holds the join, waiting at the gate.
+    wait_for(Duration::from_secs(20), || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+                              AND objid = $1)",
+        )
+        .bind(JOIN_GATE as i32)
+        .fetch_one(&b.db)
+        .await
+        .unwrap()
+    })
+    .await;
+    // The other writer takes the leave and writes it first.
+    let r = a
+        .http
+        .delete(format!("{}/v1/waitlist/{entry}", a.base))
+        .bearer_auth(token("ann"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    wait_for(Duration::from_secs(20), || async {
+        entry_row(&a.db, entry).await.is_some()
+    })
+    .await;
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(JOIN_GATE)
+        .execute(&mut *gate)
+        .await
+        .unwrap();
+    settled(&a, &a.probe, "wo").await;
+
+    assert_eq!(
+        entry_row(&a.db, entry).await,
+        Some(("left".to_string(), None)),
+        "an entry never offered names no claim"
+    );
+    for api in [&a, &b] {
+        let (s, body) = get_as(api, &format!("/v1/waitlist/{entry}"), &token("ann")).await;
+        assert_eq!((s, body["status"].as_str()), (200, Some("left")), "{body}");
+        assert!(body["claim_id"].is_null(), "no claim to name: {body}");
+    }
+}
