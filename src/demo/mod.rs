@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cli::DemoArgs;
 use crate::sku::SkuId;
 
+mod buyer;
 mod checkout;
 mod queue;
 
@@ -80,44 +81,40 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         );
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
-            let t = Instant::now();
-            let r = http
-                .post(url)
-                .header("authorization", format!("Bearer {token}"))
-                .header("idempotency-key", format!("demo-{i}"))
-                .json(&serde_json::json!({"quantity": 1}))
-                .send()
-                .await;
-            let took = t.elapsed();
-            match r {
-                Ok(r) => {
-                    let status = r.status().as_u16();
-                    let body: serde_json::Value = r.json().await.unwrap_or_default();
-                    let id = body["claim_id"].as_str().map(str::to_string);
-                    (status, took, id)
-                }
-                Err(_) => (0, took, None),
-            }
+            buyer::buy(&http, &url, &token, &format!("demo-{i}")).await
         }));
     }
-    let (mut won, mut sold_out, mut other) = (0, 0, 0);
+    let (mut won, mut sold_out) = (0, 0);
+    // Answers that are neither, and the first answers tried again, by status and code.
+    let (mut other, mut retried) = (
+        std::collections::BTreeMap::<String, usize>::new(),
+        std::collections::BTreeMap::<String, usize>::new(),
+    );
     // Microseconds, 1 µs to 60 s, 3 significant digits (HdrHistogram's quantiles).
     let mut latencies = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)
         .expect("constant bounds hdrhistogram accepts");
     let (mut winners, mut losers) = (Vec::new(), Vec::new());
     for (i, t) in tasks.into_iter().enumerate() {
-        let (status, took, id) = t.await?;
+        let b = t.await?;
+        let took = b.first_took;
         latencies.saturating_record(u64::try_from(took.as_micros()).unwrap_or(u64::MAX).max(1));
-        match (status, id) {
+        if let Some(first) = b.retried {
+            *retried.entry(first).or_default() += 1;
+        }
+        match (b.status, b.claim_id) {
             (201, Some(id)) => {
                 won += 1;
                 winners.push((format!("buyer-{i}"), id));
             }
-            (409, _) => {
+            (409, _) if b.code == "sold_out" => {
                 sold_out += 1;
                 losers.push(format!("buyer-{i}"));
             }
-            _ => other += 1,
+            (status, _) => {
+                *other
+                    .entry(format!("{status} {}", b.code).trim_end().to_string())
+                    .or_default() += 1
+            }
         }
     }
     let wall = started.elapsed();
@@ -159,10 +156,14 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 
     println!("won:        {won}");
     println!("sold out:   {sold_out}");
-    println!("other:      {other}");
+    println!("other:      {}", by_answer(&other));
+    println!(
+        "retried:    {} (a front end tries a 429 or 503 again with the same Idempotency-Key)",
+        by_answer(&retried)
+    );
     println!("remaining:  {}", view["remaining"]);
     println!(
-        "latency:    p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} requests in {:.0} ms)",
+        "latency:    p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms of first answers ({} buyers answered in {:.0} ms)",
         pct(0.50),
         pct(0.99),
         latencies.max() as f64 / 1e3,
@@ -203,6 +204,16 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         won,
         expected_won,
     )
+}
+
+/// `n` answers in all, then each kind: "3 (503 outcome_unknown 2, 429 overloaded 1)".
+fn by_answer(kinds: &std::collections::BTreeMap<String, usize>) -> String {
+    let n: usize = kinds.values().sum();
+    if n == 0 {
+        return "0".into();
+    }
+    let each: Vec<String> = kinds.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    format!("{n} ({})", each.join(", "))
 }
 
 /// The verdict: a drop that did not balance exits 1, like a reconcile that finds a mismatch.

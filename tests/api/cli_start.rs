@@ -270,7 +270,15 @@ async fn demo_prints_its_summary_alone_on_stdout_and_reconcile_names_an_unknown_
     );
     let lines: Vec<&str> = stdout.lines().collect();
     assert!(lines[0].starts_with("declared demo-"), "{stdout}");
-    for prefix in ["won:        10", "sold out:   20", "ledger:"] {
+    // Every buyer ends with an answer: a 429 or 503 is tried again with the same key, and what
+    // was tried again is said.
+    for prefix in [
+        "won:        10",
+        "sold out:   20",
+        "other:      0",
+        "retried:",
+        "ledger:",
+    ] {
         assert!(
             lines.iter().any(|l| l.starts_with(prefix)),
             "{prefix}: {stdout}"
