@@ -16,6 +16,7 @@ mod edge;
 mod faults;
 mod findings;
 mod fresh_snapshot;
+mod gate;
 mod helpers;
 mod hold_changes;
 mod hold_terms;

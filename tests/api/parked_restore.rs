@@ -9,6 +9,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::durability::install_trigger;
+use crate::gate::RowGate;
 use crate::helpers::*;
 use crate::lifecycle::{claim_id, claim_one, declare_with, get_as, post_as};
 use crate::parked_holds::{
@@ -37,21 +38,6 @@ pub(crate) async fn refuse_all_but_compensations(db: &sqlx::PgPool) {
     .unwrap();
 }
 
-/// The transaction that closes a parked row as compensated waits on [`CLOSE_GATE`] (taken
-/// shared: it waits only while the test holds it).
-async fn gate_parked_rows_closing(db: &sqlx::PgPool) {
-    sqlx::raw_sql(
-        "CREATE FUNCTION test_close_gate() RETURNS trigger AS $$
-         BEGIN PERFORM pg_advisory_xact_lock_shared(220305889); RETURN NEW; END $$
-         LANGUAGE plpgsql;
-         CREATE TRIGGER test_close_gate BEFORE UPDATE ON persistence_pending
-           FOR EACH ROW WHEN (NEW.status = 'compensated') EXECUTE FUNCTION test_close_gate();",
-    )
-    .execute(db)
-    .await
-    .unwrap();
-}
-
 /// Found by reading the restore against the reprocessor's order (give back, then close the
 /// row) after the soak's fenced reading `m1` -6: a restore that counted such a claim live left
 /// its units to a give-back that had already happened, and the SKU short of them for good.
@@ -60,13 +46,15 @@ async fn a_restore_between_a_give_back_redis_lost_and_its_row_closing_counts_the
     let iso = Isolation::new();
     let app = gateway(&iso, "1").await;
     refuse_all_but_compensations(&app.db).await;
-    gate_parked_rows_closing(&app.db).await;
-    let mut gate = app.db.acquire().await.unwrap();
-    sqlx::query("SELECT pg_advisory_lock($1)")
-        .bind(CLOSE_GATE)
-        .execute(&mut *gate)
-        .await
-        .unwrap();
+    // The transaction that closes a parked row as compensated waits at the gate.
+    let gate = RowGate::close(
+        &app.db,
+        "test_close_gate",
+        "BEFORE UPDATE ON persistence_pending",
+        "NEW.status = 'compensated'",
+        CLOSE_GATE,
+    )
+    .await;
     let r = declare_with(&app, "gap", json!({"total": 3})).await;
     assert_eq!(r.status(), 201);
     let (s, body) = claim_one(&app, "gap", "bad-a").await;
@@ -80,11 +68,7 @@ async fn a_restore_between_a_give_back_redis_lost_and_its_row_closing_counts_the
     let r = app.restore("gap", true).await;
     assert_eq!(r.status(), 200);
     // The reprocessor, whose give-back came back done, closes the row and gives nothing more.
-    sqlx::query("SELECT pg_advisory_unlock($1)")
-        .bind(CLOSE_GATE)
-        .execute(&mut *gate)
-        .await
-        .unwrap();
+    gate.open().await;
     wait_compensated(&app.db, claim).await;
     balanced(&app, "gap", 3).await;
     let (s, body) = claim_one(&app, "gap", "good-b").await;

@@ -9,26 +9,13 @@ use std::time::Duration;
 use serde_json::json;
 use uuid::Uuid;
 
+use crate::gate::RowGate;
 use crate::helpers::*;
 use crate::lifecycle::{claim_one, declare_with, get_as, settled};
 use crate::parked_holds::join;
 
 /// The advisory lock the test holds to keep a writer's insert of a `waiting` entry waiting.
 const JOIN_GATE: i64 = 220_312_031;
-
-/// Inserts of `waiting` entries wait while the test holds [`JOIN_GATE`].
-async fn gate_joins(db: &sqlx::PgPool) {
-    sqlx::raw_sql(
-        "CREATE FUNCTION test_join_gate() RETURNS trigger AS $$
-         BEGIN PERFORM pg_advisory_xact_lock_shared(220312031); RETURN NEW; END $$
-         LANGUAGE plpgsql;
-         CREATE TRIGGER test_join_gate BEFORE INSERT ON waitlist
-           FOR EACH ROW WHEN (NEW.status = 'waiting') EXECUTE FUNCTION test_join_gate();",
-    )
-    .execute(db)
-    .await
-    .unwrap();
-}
 
 async fn entry_row(db: &sqlx::PgPool, entry: Uuid) -> Option<(String, Option<Uuid>)> {
     sqlx::query_as("SELECT status, claim_id FROM waitlist WHERE entry_id = $1")
@@ -49,28 +36,19 @@ async fn an_entry_left_before_its_join_is_written_names_no_claim() {
     assert_eq!(s, 201, "{body}");
     settled(&a, &a.probe, "wo").await;
 
-    gate_joins(&a.db).await;
-    let mut gate = a.db.acquire().await.unwrap();
-    sqlx::query("SELECT pg_advisory_lock($1)")
-        .bind(JOIN_GATE)
-        .execute(&mut *gate)
-        .await
-        .unwrap();
+    let gate = RowGate::close(
+        &a.db,
+        "test_join_gate",
+        "BEFORE INSERT ON waitlist",
+        "NEW.status = 'waiting'",
+        JOIN_GATE,
+    )
+    .await;
     let (s, body) = join(&a, "wo", "ann").await;
     assert_eq!(s, 201, "{body}");
     let entry: Uuid = body["entry_id"].as_str().unwrap().parse().unwrap();
     // One writer holds the join, waiting at the gate.
-    wait_for(Duration::from_secs(20), || async {
-        sqlx::query_scalar::<_, bool>(
-            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
-                              AND objid = $1)",
-        )
-        .bind(JOIN_GATE as i32)
-        .fetch_one(&b.db)
-        .await
-        .unwrap()
-    })
-    .await;
+    wait_for(Duration::from_secs(20), || gate.holds_one(&b.db)).await;
     // The other writer takes the leave and writes it first.
     let r = a
         .http
@@ -84,11 +62,7 @@ async fn an_entry_left_before_its_join_is_written_names_no_claim() {
         entry_row(&a.db, entry).await.is_some()
     })
     .await;
-    sqlx::query("SELECT pg_advisory_unlock($1)")
-        .bind(JOIN_GATE)
-        .execute(&mut *gate)
-        .await
-        .unwrap();
+    gate.open().await;
     settled(&a, &a.probe, "wo").await;
 
     assert_eq!(
