@@ -53,7 +53,7 @@ pub(super) async fn buy(http: &reqwest::Client, url: &str, token: &str, key: &st
         let code = body["code"].as_str().unwrap_or("").to_string();
         let again = matches!(status, 0 | 429 | 503) && tries < TRIES;
         if first.is_none() {
-            first = Some((took, format!("{status} {code}").trim_end().to_string()));
+            first = Some((took, answer(status, &code)));
         }
         if again {
             tokio::time::sleep(wait.min(MOST_WAIT)).await;
@@ -67,5 +67,14 @@ pub(super) async fn buy(http: &reqwest::Client, url: &str, token: &str, key: &st
             first_took,
             retried: (tries > 1).then_some(first_answer),
         };
+    }
+}
+
+/// An answer as the summary names it: "503 outcome_unknown", or "no answer" (the connection
+/// failed before a status came).
+pub(super) fn answer(status: u16, code: &str) -> String {
+    match status {
+        0 => "no answer".into(),
+        _ => format!("{status} {code}").trim_end().to_string(),
     }
 }

@@ -110,11 +110,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
                 sold_out += 1;
                 losers.push(format!("buyer-{i}"));
             }
-            (status, _) => {
-                *other
-                    .entry(format!("{status} {}", b.code).trim_end().to_string())
-                    .or_default() += 1
-            }
+            (status, _) => *other.entry(buyer::answer(status, &b.code)).or_default() += 1,
         }
     }
     let wall = started.elapsed();
