@@ -2,7 +2,8 @@
 //! stock below 0 on any shard, no buyer's Redis count over the limit, no SKU with more live
 //! units in the ledger than its total in two reads in a row (once its ledger caught up), and
 //! no SKU view answering `consistent: false` three rounds in a row on a state neither stale nor
-//! lost (monitoring pages on that field: API.md).
+//! lost nor behind the ledger's mark (monitoring pages on that field: API.md; a state a
+//! rollback brought back is a loss the view must page for).
 //!
 //! One read over may be the ledger lagging Redis: a writer's batch writes its winners before
 //! it applies its status changes (a status change needs its claim's row, which may be in the
@@ -91,22 +92,33 @@ async fn view(
     Some((r.json().await.ok()?, reading))
 }
 
-/// Whether a shard of the SKU is stale or missing in Redis (its view rightly does not balance:
-/// an operator restores it).
+/// Whether a shard of the SKU is stale or missing in Redis, or behind the ledger's mark (an
+/// older copy a rollback brought back, which no script has run on yet to mark it stale; the
+/// restore takes it as stale: src/restore/mod.rs). Its view rightly does not balance: Redis
+/// lost data, and an operator restores it.
 async fn unfit(probe: &Probe, sku: &str) -> bool {
-    for name in shard_names(sku) {
+    let names = shard_names(sku);
+    let Ok(floors) = dropgate::freshness::shard_marks::read_floors(&probe.db, &names).await else {
+        return true;
+    };
+    for name in names {
         let state = format!("{}:{{{name}}}:state", probe.prefix);
-        let read: redis::RedisResult<(Option<i64>, Option<String>)> = redis::pipe()
-            .cmd("HGET")
-            .arg(&state)
-            .arg("stock")
-            .cmd("HGET")
-            .arg(&state)
-            .arg("stale")
-            .query_async(&mut probe.redis.clone())
-            .await;
+        let read: redis::RedisResult<(Option<i64>, Option<String>, Option<i64>, Option<i64>)> =
+            redis::cmd("HMGET")
+                .arg(&state)
+                .arg("stock")
+                .arg("stale")
+                .arg("seq")
+                .arg("inc")
+                .query_async(&mut probe.redis.clone())
+                .await;
+        let behind = |seq, inc| {
+            floors
+                .iter()
+                .any(|(n, f)| *n == name && f.is_above(seq, inc))
+        };
         match read {
-            Ok((Some(_), None)) => {}
+            Ok((Some(_), None, seq, inc)) if !behind(seq, inc) => {}
             _ => return true,
         }
     }
