@@ -92,6 +92,9 @@ async fn view(
     Some((r.json().await.ok()?, reading))
 }
 
+/// A shard state's stock, `stale` flag, `seq` and `inc`.
+type StateHead = (Option<i64>, Option<String>, Option<i64>, Option<i64>);
+
 /// Whether a shard of the SKU is stale or missing in Redis, or behind the ledger's mark (an
 /// older copy a rollback brought back, which no script has run on yet to mark it stale; the
 /// restore takes it as stale: src/restore/mod.rs). Its view rightly does not balance: Redis
@@ -103,15 +106,14 @@ async fn unfit(probe: &Probe, sku: &str) -> bool {
     };
     for name in names {
         let state = format!("{}:{{{name}}}:state", probe.prefix);
-        let read: redis::RedisResult<(Option<i64>, Option<String>, Option<i64>, Option<i64>)> =
-            redis::cmd("HMGET")
-                .arg(&state)
-                .arg("stock")
-                .arg("stale")
-                .arg("seq")
-                .arg("inc")
-                .query_async(&mut probe.redis.clone())
-                .await;
+        let read: redis::RedisResult<StateHead> = redis::cmd("HMGET")
+            .arg(&state)
+            .arg("stock")
+            .arg("stale")
+            .arg("seq")
+            .arg("inc")
+            .query_async(&mut probe.redis.clone())
+            .await;
         let behind = |seq, inc| {
             floors
                 .iter()
