@@ -23,24 +23,19 @@ pub async fn declare_with(api: &Api, sku: &str, body: Value) -> reqwest::Respons
 
 /// POST `path` with `auth` as bearer; returns status and body.
 pub async fn post_as(api: &Api, path: &str, auth: &str) -> (u16, Value) {
-    let r = api
-        .http
-        .post(format!("{}{path}", api.base))
-        .bearer_auth(auth)
-        .send()
-        .await
-        .unwrap();
-    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+    send_as(api.http.post(format!("{}{path}", api.base)), auth).await
 }
 
 pub async fn get_as(api: &Api, path: &str, auth: &str) -> (u16, Value) {
-    let r = api
-        .http
-        .get(format!("{}{path}", api.base))
-        .bearer_auth(auth)
-        .send()
-        .await
-        .unwrap();
+    send_as(api.http.get(format!("{}{path}", api.base)), auth).await
+}
+
+pub async fn delete_as(api: &Api, path: &str, auth: &str) -> (u16, Value) {
+    send_as(api.http.delete(format!("{}{path}", api.base)), auth).await
+}
+
+async fn send_as(req: reqwest::RequestBuilder, auth: &str) -> (u16, Value) {
+    let r = req.bearer_auth(auth).send().await.unwrap();
     (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
 }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::helpers::*;
-use crate::lifecycle::{claim_id, claim_one, declare_with, get_as, post_as, settled};
+use crate::lifecycle::{claim_id, claim_one, declare_with, delete_as, get_as, post_as, settled};
 use crate::services::GatewayProcess;
 
 async fn join(api: &Api, sku: &str, user: &str) -> (u16, Value) {
@@ -41,14 +41,8 @@ async fn joining_needs_a_sold_out_sku_and_gives_one_entry_per_user() {
     let (s, _) = get_as(&app, &format!("/v1/waitlist/{ann}"), &token("bob")).await;
     assert_eq!(s, 404, "another user's entry is not found");
     // Leaving moves bob up.
-    let r = app
-        .http
-        .delete(format!("{}/v1/waitlist/{ann}", app.base))
-        .bearer_auth(token("ann"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    let (s, body) = delete_as(&app, &format!("/v1/waitlist/{ann}"), &token("ann")).await;
+    assert_eq!(s, 200, "{body}");
     assert_eq!(entry(&app, ann, "ann").await["status"], "left");
     let bob = second["entry_id"].as_str().unwrap();
     assert_eq!(entry(&app, bob, "bob").await["position"], 1);

@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use crate::gate::RowGate;
 use crate::helpers::*;
-use crate::lifecycle::{claim_one, declare_with, get_as, settled};
+use crate::lifecycle::{claim_one, declare_with, delete_as, get_as, settled};
 use crate::parked_holds::join;
 
 /// The advisory lock the test holds to keep a writer's insert of a `waiting` entry waiting.
@@ -50,14 +50,8 @@ async fn an_entry_left_before_its_join_is_written_names_no_claim() {
     // One writer holds the join, waiting at the gate.
     wait_for(Duration::from_secs(20), || gate.holds_one(&b.db)).await;
     // The other writer takes the leave and writes it first.
-    let r = a
-        .http
-        .delete(format!("{}/v1/waitlist/{entry}", a.base))
-        .bearer_auth(token("ann"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    let (s, body) = delete_as(&a, &format!("/v1/waitlist/{entry}"), &token("ann")).await;
+    assert_eq!(s, 200, "{body}");
     wait_for(Duration::from_secs(20), || async {
         entry_row(&a.db, entry).await.is_some()
     })
