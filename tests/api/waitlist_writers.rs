@@ -70,3 +70,41 @@ async fn an_entry_left_before_its_join_is_written_names_no_claim() {
         assert!(body["claim_id"].is_null(), "no claim to name: {body}");
     }
 }
+
+/// A ledger written before the fix keeps its offers' claims and loses only the claim ids of
+/// entries never offered.
+#[tokio::test]
+async fn the_migration_clears_only_the_claims_no_table_holds() {
+    let iso = Isolation::new();
+    let db = dropgate::db::connect_and_migrate(&iso.database_url)
+        .await
+        .expect("PostgreSQL at 127.0.0.1:5432");
+    let (offered, never) = (Uuid::new_v4(), Uuid::new_v4());
+    sqlx::query(
+        "INSERT INTO issuances (claim_id, sku, user_id, quantity, status, created_at)
+         VALUES ($1, 'wm', 'ann', 1, 'expired', now())",
+    )
+    .bind(offered)
+    .execute(&db)
+    .await
+    .unwrap();
+    for (entry, position) in [(offered, 1), (never, 2)] {
+        sqlx::query(
+            "INSERT INTO waitlist (entry_id, sku, user_id, position, status, claim_id, created_at)
+             VALUES ($1, 'wm', 'ann', $2, 'expired', $1, now())",
+        )
+        .bind(entry)
+        .bind(position)
+        .execute(&db)
+        .await
+        .unwrap();
+    }
+    sqlx::raw_sql(include_str!(
+        "../../migrations/0016_waitlist_claims_never_offered.sql"
+    ))
+    .execute(&db)
+    .await
+    .unwrap();
+    assert_eq!(entry_row(&db, offered).await.unwrap().1, Some(offered));
+    assert_eq!(entry_row(&db, never).await.unwrap().1, None);
+}
