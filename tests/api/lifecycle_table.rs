@@ -666,7 +666,7 @@ async fn the_writers_insert_creates_claims_as_the_table_says() {
                 .await
                 .unwrap();
         let (event, told): (String, ClaimStatus) =
-            sqlx::query_as("SELECT event, status FROM outbox WHERE claim_id = $1 AND seq = 1")
+            sqlx::query_as("SELECT event, status FROM claim_events WHERE claim_id = $1 AND seq = 1")
                 .bind(w.claim_id)
                 .fetch_one(&db)
                 .await
