@@ -154,9 +154,13 @@ async fn a_claims_later_event_waits_for_the_cursor_and_the_cursor_never_moves_ba
     record(&mut c, &end).await.unwrap();
     drop(c);
 
+    // Settled once every older transaction of the cluster has ended (other tests' included).
+    wait_for(Duration::from_secs(30), || async {
+        cursor::take(&app.db, 10).await.unwrap()[0].settled
+    })
+    .await;
     let won = cursor::take(&app.db, 10).await.unwrap();
     assert_eq!(won.len(), 1);
-    assert!(won[0].settled);
     assert_eq!(won[0].event.event_id(), format!("{}:1", w.claim_id));
     assert_eq!(won[0].event.event, "claim.won");
     assert_eq!(won[0].event.status.as_str(), "issued");
