@@ -128,11 +128,15 @@ async fn drop_claims(
 
 async fn wait_sent(db: &PgPool) {
     loop {
-        let unsent: i64 = sqlx::query_scalar("SELECT count(*) FROM claim_events WHERE NOT sent")
-            .fetch_one(db)
+        // The relay's own backlog queries (index scans), not the view, which reads every
+        // row: polled every 20 ms, the view would be most of PostgreSQL's CPU in the run.
+        let (rows, _) = dropgate::outbox::store::backlog(db)
             .await
             .expect("counting the backlog");
-        if unsent == 0 {
+        let (won, _) = dropgate::outbox::cursor::backlog(db)
+            .await
+            .expect("counting the backlog");
+        if rows + won == 0 {
             return;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -236,7 +240,7 @@ fn main() {
         let (won, _) = drop_claims(&base, "backlog", "q", backlog, connections).await;
         // Every winner's event waits in the outbox before NATS comes back.
         loop {
-            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM claim_events WHERE sku = 'backlog'")
+            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM issuances WHERE sku = 'backlog'")
                 .fetch_one(&db)
                 .await
                 .expect("counting");

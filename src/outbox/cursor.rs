@@ -84,17 +84,20 @@ impl From<WonRow> for Won {
 }
 
 /// Up to `limit` rows past the cursor, in its order, each saying whether it is settled. (The
-/// cursor is read by init plans, so its place is the index scan's start; a join would filter
-/// the whole index up to it.)
+/// cursor and the bound are read once, by init plans: the cursor's place is the index scan's
+/// start, where a join would filter the whole index up to it, and the statement's snapshot is
+/// not copied for every row.)
 ///
 /// # Errors
 /// The database's error; nothing was taken.
 pub async fn take(db: &PgPool, limit: i64) -> Result<Vec<Won>, DbError> {
     let rows: Vec<WonRow> = sqlx::query_as(
-        "WITH c AS MATERIALIZED (SELECT won_xid, claim_id FROM outbox_cursor WHERE id = 1)
+        "WITH c AS MATERIALIZED (SELECT won_xid, claim_id,
+                                        pg_snapshot_xmin(pg_current_snapshot()) AS xmin
+                                   FROM outbox_cursor WHERE id = 1)
          SELECT i.won_xid::text::int8 AS xid, i.claim_id, i.sku, i.user_id, i.quantity, i.offer,
                 i.expires_at IS NOT NULL AS held, i.created_at,
-                i.won_xid < pg_snapshot_xmin(pg_current_snapshot()) AS settled
+                i.won_xid < (SELECT xmin FROM c) AS settled
            FROM issuances i
           WHERE i.won_xid IS NOT NULL
             AND (i.won_xid, i.claim_id) > ((SELECT won_xid FROM c), (SELECT claim_id FROM c))
