@@ -167,8 +167,12 @@ async fn report(db: &PgPool, base: &str, sku: &str, label: &str, drained: f64) {
             })
             .collect()
     };
-    let count = value("dropgate_outbox_lag_seconds_count").first().map_or(0.0, |v| v.1);
-    let sum = value("dropgate_outbox_lag_seconds_sum").first().map_or(0.0, |v| v.1);
+    let count = value("dropgate_outbox_lag_seconds_count")
+        .first()
+        .map_or(0.0, |v| v.1);
+    let sum = value("dropgate_outbox_lag_seconds_sum")
+        .first()
+        .map_or(0.0, |v| v.1);
     let p99 = value("dropgate_outbox_lag_seconds_bucket")
         .into_iter()
         .find(|(_, v)| *v >= 0.99 * count)

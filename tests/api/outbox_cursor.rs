@@ -83,17 +83,18 @@ async fn a_claim_won_whose_smaller_xid_commits_last_is_published_not_skipped() {
     .unwrap();
 
     let b = winner("xid", "second");
-    assert!(write_batch(&app.db, std::slice::from_ref(&b), Duration::from_secs(1))
-        .await
-        .unwrap()
-        .is_empty());
-    let b_xid: i64 = sqlx::query_scalar(
-        "SELECT won_xid::text::int8 FROM issuances WHERE claim_id = $1",
-    )
-    .bind(b.claim_id)
-    .fetch_one(&app.db)
-    .await
-    .unwrap();
+    assert!(
+        write_batch(&app.db, std::slice::from_ref(&b), Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let b_xid: i64 =
+        sqlx::query_scalar("SELECT won_xid::text::int8 FROM issuances WHERE claim_id = $1")
+            .bind(b.claim_id)
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
     assert!(a_xid < b_xid, "A must hold the smaller transaction id");
 
     // Two marker events, each written once the one before is on the stream: the round that
@@ -119,7 +120,10 @@ async fn a_claim_won_whose_smaller_xid_commits_last_is_published_not_skipped() {
     let order = claims_on(&events);
     let at = |c: Uuid| order.iter().position(|x| *x == c);
     assert!(at(a_claim).is_some(), "A's claim.won was skipped");
-    assert!(at(a_claim) < at(b.claim_id), "published in the cursor's order");
+    assert!(
+        at(a_claim) < at(b.claim_id),
+        "published in the cursor's order"
+    );
     let a_event: &Value = &events[at(a_claim).unwrap()].body;
     assert_eq!(a_event["type"], "claim.won");
     assert_eq!(a_event["id"], format!("{a_claim}:1"));
