@@ -42,7 +42,8 @@ from=${SCHEMA_FROM:-$("${PSQL[@]}" -Atc "SELECT datname FROM pg_database
 pg_dump -h 127.0.0.1 -U postgres -s "$from" | "${PSQL[@]}" -d "$DB" >/dev/null
 # The cursor design's column, index and cursor row.
 "${PSQL[@]}" -d "$DB" <<'SQL'
-ALTER TABLE issuances ADD COLUMN won_xid xid8;
+-- (A schema migrated by 0017 has the column, its index and the writer's NOTIFY trigger already.)
+ALTER TABLE issuances ADD COLUMN IF NOT EXISTS won_xid xid8;
 -- The per-row lease of the relay before migrations/0015_outbox_leader.sql (the "now" design).
 ALTER TABLE outbox ADD COLUMN IF NOT EXISTS lease_owner uuid,
                    ADD COLUMN IF NOT EXISTS lease_until timestamptz;

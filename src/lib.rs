@@ -74,8 +74,9 @@
 //!      back until its win is written (by the journal's order, never a clock).
 //!    - [`reprocess`]: retries parked rows; after the last attempt records the compensation,
 //!      then gives the units back, once.
-//!    - [`outbox`]: claim events written in the ledger's own transactions, relayed to NATS
-//!      JetStream by one leading relay (every gateway runs one, ready to lead);
+//!    - [`outbox`]: claim events written in the ledger's own transactions (the writer's
+//!      `claim.won` is its `issuances` row, read past a cursor; the rest are `outbox` rows),
+//!      relayed to NATS JetStream by one leading relay (every gateway runs one, ready to lead);
 //!      `dropgate events tail`.
 //! 8. **observe** ([`live`], [`observe`]): what an operator watches that no request produces:
 //!    the per-SKU and backend gauges, each SKU's fail-closed transitions logged once
@@ -98,10 +99,10 @@
 //! answer is settled by `resolve_claim.lua`, reading the call's record or fencing the call;
 //! when even that gets no answer, 503 `outcome_unknown` with the claim id and the [`settle`]
 //! task goes on) → 201/409/422, the claim id learned from the lane → the [`writer`] reads the
-//! [`journal`], turns each entry into its winners, inserts them into `issuances` (and, in the same
-//! statement, their `claim.won` into `outbox`), then acknowledges the entry once; a row
-//! PostgreSQL refuses is parked for the [`reprocess`] loop → the [`outbox`] relay publishes the
-//! event to JetStream. On a SKU with holds the winner is `held`
+//! [`journal`], turns each entry into its winners, inserts them into `issuances` (each row
+//! stamped with its transaction's id: that row is the claim's `claim.won`), then acknowledges
+//! the entry once; a row PostgreSQL refuses is parked for the [`reprocess`] loop → the
+//! [`outbox`] relay reads the row past its cursor and publishes the event to JetStream. On a SKU with holds the winner is `held`
 //! until `POST /v1/claims/{id}/confirm` or `/cancel` ([`lifecycle`]) or the expiry worker ends
 //! it; the change is journaled by its script and written by the same writer, and units that come
 //! back go to the waitlist's head as offers before open stock.

@@ -1,25 +1,32 @@
 //! Claim events for the order system: a transactional outbox relayed to NATS JetStream.
 //!
-//! - **Recorded with the change.** Each event is a row of `outbox`, inserted by the same
-//!   transaction as the ledger change it describes: `claim.won` by the writer's own `issuances`
-//!   insert (one statement: only rows actually inserted produce events, so a redelivered
-//!   journal entry produces none) or by the reprocessor's transaction that finally writes a
-//!   parked claim; a hold's change by the writer's update of its `issuances` row; a parked
+//! - **Recorded with the change.** Each event is written by the same transaction as the ledger
+//!   change it describes. `claim.won` (or `waitlist.offered`) of the journal writer is the
+//!   `issuances` row itself: the writer's insert stamps the rows it actually inserts with its
+//!   transaction's id (`won_xid`), so a redelivered journal entry produces none, and no event
+//!   row is written, leased, marked or trimmed for it ([`cursor`]). Every other event is a row
+//!   of `outbox`: a hold's change by the writer's update of its `issuances` row; a parked
 //!   claim's whole life so far (its creation with the status it won with, the change of its
 //!   hold while parked) by the reprocessor's transaction that writes it, or that closes it as
 //!   compensated, followed there by `claim.compensated` (every claim's events begin with its
 //!   creation). Nothing is published from the claim path ([`events`], [`store`]).
 //! - **Relayed by one leader** ([`relay`]). Every gateway runs a relay; the one holding the
-//!   lead (a lease on one row, renewed once per batch) takes a batch of unsent rows, publishes
-//!   them to JetStream in order with the event id as `Nats-Msg-Id`, awaits the
-//!   acknowledgements, and marks the acknowledged rows sent. A leader that dies or stalls loses
-//!   the lead when its lease runs out; the next one publishes what is unsent again and
-//!   JetStream's duplicate window drops the copies. A claim's event is taken only once its
-//!   earlier events are sent, so each claim's events reach the stream in order whichever
+//!   lead (a lease on one row, renewed once per batch) publishes, each batch, first the
+//!   writer's creation events past the cursor (in transaction-id order, only below the oldest
+//!   transaction still running, so nothing can commit behind the cursor), then a batch of
+//!   unsent `outbox` rows, in order, with the event id as `Nats-Msg-Id`; it awaits the
+//!   acknowledgements, then moves the cursor over the acknowledged creation events and marks
+//!   the acknowledged rows sent. A leader that dies or stalls loses the lead when its lease
+//!   runs out; the next one publishes from the cursor and the unsent rows again and
+//!   JetStream's duplicate window drops the copies (the cursor only moves forward). A claim's
+//!   event is taken only once its earlier events are published (its creation at or below the
+//!   cursor, its earlier rows sent), so each claim's events reach the stream in order whichever
 //!   relay leads. (Rows were leased one by one before: an UPDATE per event, a third of its
-//!   cost to PostgreSQL; `migrations/0015_outbox_leader.sql`.)
-//! - **NATS down** costs the claim path nothing: rows wait in PostgreSQL, the backlog shows
-//!   in `/readyz` (`outbox`) and `/metrics`, and drains in order when NATS is back.
+//!   cost to PostgreSQL; `migrations/0015_outbox_leader.sql`; the cursor:
+//!   `migrations/0017_outbox_cursor.sql`.)
+//! - **NATS down** costs the claim path nothing: events wait in PostgreSQL, the backlog (unsent
+//!   rows and creation events past the cursor) shows in `/readyz` (`outbox`) and `/metrics`,
+//!   and drains in order when NATS is back.
 //! - `dropgate events tail` ([`tail`]) is the example consumer.
 
 use std::sync::atomic::{AtomicI64, AtomicU8, Ordering};
@@ -29,6 +36,7 @@ use serde::Serialize;
 
 use crate::error::DbError;
 
+pub mod cursor;
 pub mod events;
 pub mod jetstream;
 pub mod relay;

@@ -1,5 +1,6 @@
-//! The relay: a background task of every gateway that moves outbox rows to JetStream, samples
-//! the backlog, and trims sent rows after the retention period.
+//! The relay: a background task of every gateway that moves claim events to JetStream (the
+//! leader's batch is in [`batch`]), samples the backlog, and trims sent rows after the
+//! retention period.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -9,13 +10,17 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::jetstream::{Publisher, ACK_TIMEOUT};
-use super::{store, NatsState, OutboxStatus, RelayError, LEASE};
+use super::cursor::{self, Position};
+use super::jetstream::Publisher;
+use super::{store, NatsState, OutboxStatus, RelayError};
 use crate::config::NatsConfig;
 use crate::metrics as m;
 
+mod batch;
+use batch::Taken;
+
 /// Events taken per round: enough to keep JetStream's pipeline full, few enough that a batch
-/// is sent and acknowledged well within [`LEASE`].
+/// is sent and acknowledged well within [`super::LEASE`].
 const BATCH: i64 = 512;
 /// Idle poll: NOTIFY wakes the relay at once; this only covers a listener that is down.
 const POLL: Duration = Duration::from_millis(500);
@@ -28,6 +33,9 @@ const TRIM_CHUNK: i64 = 5000;
 const FULL_SCAN_EVERY: Duration = Duration::from_secs(1);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// First look again at creation events held back by an older transaction still running
+/// (doubling up to [`POLL`] while it runs): its end may notify no relay.
+const HELD_BACK_MIN: Duration = Duration::from_millis(10);
 /// The NOTIFY channel of `migrations/0005_outbox.sql`.
 const CHANNEL: &str = "dropgate_outbox";
 
@@ -44,6 +52,8 @@ pub struct Relay {
     /// Rows JetStream acknowledged whose marking as sent failed (PostgreSQL unreachable):
     /// marked first on the next round, and never published again by this relay.
     acked: Vec<i64>,
+    /// The same for the cursor: where JetStream's acknowledgements let it move.
+    won_acked: Option<Position>,
     /// The state after the last round: a change is logged once, not every retry.
     state: NatsState,
     /// Where the next take looks from (see [`store::take`]), and when it last looked from
@@ -66,6 +76,7 @@ impl Relay {
             status,
             retention,
             acked: Vec::new(),
+            won_acked: None,
             state: NatsState::Ok,
             floor: 0,
             full_scan_at: Instant::now(),
@@ -93,6 +104,7 @@ impl Relay {
         let mut next_sample = Instant::now();
         let mut next_trim = Instant::now();
         let mut pauses = crate::pace::retries(BACKOFF_MIN, BACKOFF_MAX);
+        let mut held_pauses = crate::pace::retries(HELD_BACK_MIN, POLL);
         loop {
             let now = Instant::now();
             if now >= next_sample {
@@ -113,17 +125,20 @@ impl Relay {
                 }
                 continue;
             };
-            let failed = match self.round(p).await {
-                Ok(n) => {
+            let (failed, held_back) = match self.round(p).await {
+                Ok(taken) => {
                     pauses = crate::pace::retries(BACKOFF_MIN, BACKOFF_MAX);
-                    if n as i64 >= BATCH && !shutdown.is_cancelled() {
+                    if taken.full && !shutdown.is_cancelled() {
                         continue;
                     }
-                    false
+                    if !taken.held_back {
+                        held_pauses = crate::pace::retries(HELD_BACK_MIN, POLL);
+                    }
+                    (false, taken.held_back)
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "outbox relay round failed; retrying");
-                    true
+                    (true, false)
                 }
             };
             if shutdown.is_cancelled() {
@@ -131,6 +146,8 @@ impl Relay {
             }
             let pause = if failed {
                 pauses.next().unwrap_or(BACKOFF_MAX)
+            } else if held_back {
+                held_pauses.next().unwrap_or(POLL)
             } else {
                 POLL
             };
@@ -161,7 +178,7 @@ impl Relay {
     async fn flush(&mut self, p: &mut Publisher) {
         loop {
             match self.round(p).await {
-                Ok(n) if n as i64 >= BATCH => continue,
+                Ok(taken) if taken.full => continue,
                 Ok(_) => break,
                 Err(e) => {
                     tracing::warn!(error = %e, "outbox relay could not flush at shutdown; the outbox keeps the events");
@@ -171,10 +188,8 @@ impl Relay {
         }
     }
 
-    /// One batch: mark what was acknowledged earlier, take or renew the lead, take unsent rows,
-    /// publish, mark the acknowledged ones sent (the rest stay unsent). Returns how many rows
-    /// were taken (0 when another relay leads).
-    async fn round(&mut self, p: &mut Publisher) -> Result<usize, RelayError> {
+    /// One batch ([`Relay::publish_batch`]), and the NATS state it showed.
+    async fn round(&mut self, p: &mut Publisher) -> Result<Taken, RelayError> {
         let result = self.publish_batch(p).await;
         let state = match &result {
             Ok(_) => NatsState::Ok,
@@ -198,79 +213,18 @@ impl Relay {
         result
     }
 
-    async fn publish_batch(&mut self, p: &mut Publisher) -> Result<usize, RelayError> {
-        self.mark_acked().await?;
-        p.ensure_stream().await?;
-        if !p.connected() {
-            return Err(RelayError::Unreachable);
-        }
-        let leased_at = Instant::now();
-        // One relay publishes at a time; the others only sample and trim, ready to lead.
-        if !store::lead(&self.db, self.owner, LEASE).await? {
-            self.floor = 0;
-            return Ok(0);
-        }
-        if self.full_scan_at.elapsed() >= FULL_SCAN_EVERY {
-            self.floor = 0;
-        }
-        if self.floor == 0 {
-            self.full_scan_at = leased_at;
-        }
-        let rows = store::take(&self.db, BATCH, self.floor).await?;
-        // A full batch: more is waiting above it. Otherwise caught up: look from the start.
-        self.floor = match rows.first() {
-            Some(first) if rows.len() as i64 >= BATCH => first.id - 1,
-            _ => 0,
-        };
-        if rows.is_empty() {
-            return Ok(0);
-        }
-        // Stop sending while the acknowledgements could still arrive inside the lead's lease.
-        let deadline = leased_at + LEASE.saturating_sub(ACK_TIMEOUT * 2);
-        let results = p.publish(&rows, deadline).await;
-        let now = chrono::Utc::now();
-        let mut failed = 0usize;
-        let mut first_error = None;
-        let mut duplicates = 0;
-        for (row, result) in rows.iter().zip(results) {
-            match result {
-                Ok(duplicate) => {
-                    duplicates += u64::from(duplicate);
-                    self.acked.push(row.id);
-                    m::outbox_lag((now - row.created_at).to_std().unwrap_or_default());
-                }
-                Err(e) => {
-                    failed += 1;
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        if failed > 0 {
-            // Left unsent: the next round (this leader's or the next one's) takes them again.
-            m::outbox_publish_failed(failed as u64);
-        }
-        m::outbox_duplicates(duplicates);
-        self.mark_acked().await?;
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(rows.len()),
-        }
-    }
-
-    /// Marks the acknowledged rows sent (a row a later leader sent again meanwhile is marked
-    /// already: JetStream dropped one of the copies).
-    async fn mark_acked(&mut self) -> Result<(), RelayError> {
-        if self.acked.is_empty() {
-            return Ok(());
-        }
-        let marked = store::mark_sent(&self.db, &self.acked).await?;
-        m::outbox_published(marked);
-        self.acked.clear();
-        Ok(())
-    }
-
+    /// Unsent `outbox` rows and creation events past the cursor, and the oldest's age.
     async fn sample(&self) {
-        match store::backlog(&self.db).await {
+        let both = async {
+            let (rows, row_age) = store::backlog(&self.db).await?;
+            let (won, won_age) = cursor::backlog(&self.db).await?;
+            let oldest = match (row_age, won_age) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+            Ok::<_, crate::error::DbError>((rows + won, oldest))
+        };
+        match both.await {
             Ok((events, oldest)) => {
                 m::outbox_backlog(events, oldest);
                 self.status.set_backlog(events, oldest);

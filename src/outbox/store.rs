@@ -1,8 +1,9 @@
 //! The outbox's PostgreSQL side: recording events inside the ledger's transactions, and the
 //! relay's lead, mark and trim.
 //!
-//! (`claim.won` of the journal writer is recorded by the writer's own insert statement, see
-//! `writer/postgres.rs`; this module records the events of the reprocessor.)
+//! (`claim.won` of the journal writer has no row here: it is read from `issuances` by
+//! [`super::cursor`]; this module records the events of the reprocessor, and the writer's
+//! statement for a hold's change records its own, see `writer/lifecycle.rs`.)
 
 use std::time::Duration;
 
@@ -98,6 +99,10 @@ pub async fn resign(db: &PgPool, owner: Uuid) -> Result<(), DbError> {
 /// unsent row with a hash anti-join on each batch, where this walks the unsent index in order
 /// and stops at the batch: 4.5× the PostgreSQL CPU per winner, measured.)
 ///
+/// A claim the journal writer wrote has its creation event in `issuances`, not here
+/// ([`super::cursor`]): its later events wait until the cursor has passed it (its `won_xid` is
+/// NULL for every other claim).
+///
 /// Only rows above `after` are looked at: a relay working through a backlog passes the id
 /// below its last batch, so it does not walk again over the index entries of rows it has sent
 /// (dead until vacuum); `0` looks at everything.
@@ -106,16 +111,23 @@ pub async fn resign(db: &PgPool, owner: Uuid) -> Result<(), DbError> {
 /// The database's error; nothing was taken.
 pub async fn take(db: &PgPool, limit: i64, after: i64) -> Result<Vec<OutboxRow>, DbError> {
     Ok(sqlx::query_as(
-        "SELECT o.id, o.claim_id, o.seq, o.event, o.sku, o.user_id, o.quantity, o.status,
+        "WITH k AS MATERIALIZED (SELECT won_xid, claim_id FROM outbox_cursor WHERE id = 1)
+         SELECT o.id, o.claim_id, o.seq, o.event, o.sku, o.user_id, o.quantity, o.status,
                 o.occurred_at, o.created_at
            FROM outbox o
           WHERE o.id = ANY(ARRAY(
                 SELECT c.id FROM outbox c
                  WHERE c.sent_at IS NULL AND c.id > $2
                    AND (c.seq = 1
-                        OR NOT EXISTS (SELECT 1 FROM outbox e
-                                        WHERE e.claim_id = c.claim_id AND e.seq < c.seq
-                                          AND e.sent_at IS NULL))
+                        OR (NOT EXISTS (SELECT 1 FROM outbox e
+                                         WHERE e.claim_id = c.claim_id AND e.seq < c.seq
+                                           AND e.sent_at IS NULL)
+                            AND NOT EXISTS (SELECT 1 FROM issuances i
+                                             WHERE i.claim_id = c.claim_id
+                                               AND i.won_xid IS NOT NULL
+                                               AND (i.won_xid, i.claim_id)
+                                                   > ((SELECT won_xid FROM k),
+                                                      (SELECT claim_id FROM k)))))
                  ORDER BY c.id
                  LIMIT $1))
           ORDER BY o.id",

@@ -120,10 +120,12 @@ pub enum Decision {
 
 const INSERT: &str = "INSERT INTO issuances
        (claim_id, sku, user_id, quantity, idempotency_key, remaining_after, created_at, status,
-        seq, expires_at)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (claim_id) DO NOTHING";
+        seq, expires_at, offer)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (claim_id) DO NOTHING";
 
-/// Writes the row as `status` (a hold keeps its expiry).
+/// Writes the row as `status` (a hold keeps its expiry). Its `won_xid` stays NULL: a parked
+/// claim's events, its creation included, are `outbox` rows of this transaction, which the
+/// relay's cursor over the writer's rows ([`crate::outbox::cursor`]) must not publish again.
 async fn insert(
     tx: &mut PgConnection,
     row: &PendingRow,
@@ -140,6 +142,7 @@ async fn insert(
         .bind(status)
         .bind(row.seq)
         .bind(row.expires_at)
+        .bind(row.offer)
         .execute(tx)
         .await?
         .rows_affected())
@@ -312,12 +315,19 @@ pub async fn mark_compensated(
     };
     let seq = match live {
         None => life_so_far(&mut tx, row, change).await?,
-        // Announced by the writer already: the compensation follows what it told.
+        // Announced by the writer already: the compensation follows what it told. Its
+        // creation event has no `outbox` row when the writer wrote it (read from `issuances`
+        // by the relay's cursor, `won_xid` set): it is seq 1 all the same.
         Some(_) => {
-            sqlx::query_scalar("SELECT COALESCE(max(seq), 0) + 1 FROM outbox WHERE claim_id = $1")
-                .bind(row.claim_id)
-                .fetch_one(&mut *tx)
-                .await?
+            sqlx::query_scalar(
+                "SELECT GREATEST(
+                        (SELECT COALESCE(max(seq), 0) FROM outbox WHERE claim_id = $1),
+                        (SELECT count(*)::int4 FROM issuances
+                          WHERE claim_id = $1 AND won_xid IS NOT NULL)) + 1",
+            )
+            .bind(row.claim_id)
+            .fetch_one(&mut *tx)
+            .await?
         }
     };
     let comp = EventKind::Compensated;

@@ -16,31 +16,24 @@ use crate::metrics as m;
 /// that reads its entry again (an acknowledgement lost, a gateway that died) neither writes it
 /// `held` after a cancel nor brings back a claim compensated without a row.
 ///
-/// The same statement records each inserted claim's `claim.won` in `outbox` (see
-/// [`crate::outbox`]): only rows this insert actually wrote produce an event, so a journal
-/// entry delivered again produces none, and an event exists exactly when its claim committed.
+/// Each row is stamped with this transaction's id (`won_xid`): its `claim.won` (or
+/// `waitlist.offered`, `offer` true: an offer is a held claim whose id is its entry's) is read
+/// from `issuances` by the relay past its cursor ([`crate::outbox::cursor`]), so no `outbox` row
+/// is written for it. Only rows this insert actually wrote are stamped, so a journal entry
+/// delivered again produces no event, and an event exists exactly when its claim committed.
 ///
-/// A hold is written `held` with its `expires_at`; a waitlist offer's event is
-/// `waitlist.offered` (an offer is a held claim whose id is its entry's).
-const INSERT_ISSUANCES: &str = "WITH ins AS (
-    INSERT INTO issuances
+/// A hold is written `held` with its `expires_at` (the status its creation event tells).
+const INSERT_ISSUANCES: &str = "INSERT INTO issuances
       (claim_id, sku, user_id, quantity, idempotency_key, remaining_after, created_at, seq,
-       status, expires_at)
+       status, expires_at, offer, won_xid)
     SELECT c, s, u, q, k, r, to_timestamp(ms::double precision / 1000), n,
            CASE WHEN ex IS NULL THEN 'issued' ELSE 'held' END,
-           to_timestamp(ex::double precision / 1000)
+           to_timestamp(ex::double precision / 1000), o, pg_current_xact_id()
       FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::int8[], $7::int8[],
-                  $8::int8[], $9::int8[])
-        AS t(c, s, u, q, k, r, ms, n, ex)
+                  $8::int8[], $9::int8[], $10::bool[])
+        AS t(c, s, u, q, k, r, ms, n, ex, o)
      WHERE NOT EXISTS (SELECT 1 FROM persistence_pending p WHERE p.claim_id = t.c)
-    ON CONFLICT (claim_id) DO NOTHING
-    RETURNING claim_id, sku, user_id, quantity, status, created_at)
-  INSERT INTO outbox (claim_id, seq, event, sku, user_id, quantity, status, occurred_at)
-  SELECT ins.claim_id, 1,
-         CASE WHEN o.c IS NULL THEN 'claim.won' ELSE 'waitlist.offered' END,
-         sku, user_id, quantity, status, created_at
-    FROM ins LEFT JOIN UNNEST($10::uuid[]) AS o(c) ON o.c = ins.claim_id
-  ON CONFLICT (claim_id, seq) DO NOTHING";
+    ON CONFLICT (claim_id) DO NOTHING";
 
 /// A winner that neither `issuances` nor `persistence_pending` would take: the caller
 /// quarantines it before acknowledging its entry.
@@ -124,12 +117,7 @@ async fn insert(db: &PgPool, rows: &[Winner]) -> Result<(), DbError> {
         .bind(rows.iter().map(|w| w.created_ms).collect::<Vec<_>>())
         .bind(rows.iter().map(|w| w.seq).collect::<Vec<_>>())
         .bind(rows.iter().map(|w| w.expires_ms).collect::<Vec<_>>())
-        .bind(
-            rows.iter()
-                .filter(|w| w.offer)
-                .map(|w| w.claim_id)
-                .collect::<Vec<_>>(),
-        )
+        .bind(rows.iter().map(|w| w.offer).collect::<Vec<_>>())
         .execute(db)
         .await?;
     Ok(())

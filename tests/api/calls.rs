@@ -166,7 +166,7 @@ async fn a_journal_entry_of_128_winners_is_written_as_128_rows_once_through_a_si
         .await
         .unwrap();
     let events: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM outbox WHERE sku = 'whole' AND event = 'claim.won'",
+        "SELECT count(*) FROM claim_events WHERE sku = 'whole' AND event = 'claim.won'",
     )
     .fetch_one(&probe.db)
     .await

@@ -170,7 +170,7 @@ async fn expiries_read_before_their_wins_end_the_holds(
         let (s, body) = get_as(&api2, &format!("/v1/claims/{id}"), ADMIN).await;
         assert_eq!((s, body["status"].as_str()), (200, Some("expired")));
         let events: Vec<(String, i32, String)> = sqlx::query_as(
-            "SELECT event, seq, status FROM outbox WHERE claim_id = $1 ORDER BY seq",
+            "SELECT event, seq, status FROM claim_events WHERE claim_id = $1 ORDER BY seq",
         )
         .bind(id_u)
         .fetch_all(&probe.db)

@@ -211,7 +211,7 @@ async fn confirm_and_cancel_are_idempotent_owner_only_and_give_units_back_once()
     let (s, body) = post_as(&app, &format!("/v1/claims/{b}/confirm"), &ann).await;
     assert_eq!((s, code(&body)), (409, "claim_cancelled"));
     let events: Vec<String> =
-        sqlx::query_scalar("SELECT event FROM outbox WHERE claim_id = $1 ORDER BY seq")
+        sqlx::query_scalar("SELECT event FROM claim_events WHERE claim_id = $1 ORDER BY seq")
             .bind(b.parse::<Uuid>().unwrap())
             .fetch_all(&app.db)
             .await

@@ -665,12 +665,13 @@ async fn the_writers_insert_creates_claims_as_the_table_says() {
                 .fetch_one(&db)
                 .await
                 .unwrap();
-        let (event, told): (String, ClaimStatus) =
-            sqlx::query_as("SELECT event, status FROM outbox WHERE claim_id = $1 AND seq = 1")
-                .bind(w.claim_id)
-                .fetch_one(&db)
-                .await
-                .unwrap();
+        let (event, told): (String, ClaimStatus) = sqlx::query_as(
+            "SELECT event, status FROM claim_events WHERE claim_id = $1 AND seq = 1",
+        )
+        .bind(w.claim_id)
+        .fetch_one(&db)
+        .await
+        .unwrap();
         let step = step_of(CLAIM_STEPS, None, status).expect("a creation of the table");
         assert!(step.recorded_by.contains(&WRITE_WIN), "{status}");
         assert!(step.events.contains(&event.as_str()), "{status}: {event}");

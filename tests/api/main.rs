@@ -31,6 +31,7 @@ mod observe;
 mod openapi;
 mod operators;
 mod outbox;
+mod outbox_cursor;
 mod parked_events;
 mod parked_holds;
 mod parked_restore;

@@ -60,7 +60,7 @@ async fn wait_for_stream(nats: &PrivateNats, n: u64, limit: Duration) {
 }
 
 pub(crate) async fn unsent(db: &sqlx::PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM outbox WHERE sent_at IS NULL")
+    sqlx::query_scalar("SELECT count(*) FROM claim_events WHERE NOT sent")
         .fetch_one(db)
         .await
         .unwrap()
@@ -132,7 +132,7 @@ async fn a_drop_of_1000_buyers_on_100_units_publishes_exactly_100_claim_won_even
         assert!(e.body["user"].as_str().unwrap().starts_with("e-"));
     }
     // Every row is marked sent; none was published by the claim path.
-    let sent: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL")
+    let sent: i64 = sqlx::query_scalar("SELECT count(*) FROM claim_events WHERE sent")
         .fetch_one(&app.db)
         .await
         .unwrap();
@@ -309,7 +309,7 @@ async fn without_nats_events_wait_in_the_outbox_and_readyz_shows_the_backlog_whi
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["outbox"]["nats"], "not_configured");
     let ids: Vec<Uuid> = sqlx::query_scalar(
-        "SELECT claim_id FROM outbox WHERE event = 'claim.won' AND seq = 1 AND sent_at IS NULL
+        "SELECT claim_id FROM claim_events WHERE event = 'claim.won' AND seq = 1 AND NOT sent
           ORDER BY claim_id",
     )
     .fetch_all(&app.db)
@@ -424,7 +424,7 @@ async fn one_relay_leads_until_its_lease_runs_out_and_a_claim_waits_for_its_earl
 
 /// The claim's outbox rows: (event, seq, status).
 async fn outbox_rows(db: &sqlx::PgPool, claim: Uuid) -> Vec<(String, i32, String)> {
-    sqlx::query_as("SELECT event, seq, status FROM outbox WHERE claim_id = $1 ORDER BY id")
+    sqlx::query_as("SELECT event, seq, status FROM claim_events WHERE claim_id = $1 ORDER BY seq")
         .bind(claim)
         .fetch_all(db)
         .await

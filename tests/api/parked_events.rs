@@ -44,7 +44,7 @@ async fn folded_stream_is_the_ledger(
     nats: &PrivateNats,
     db: &sqlx::PgPool,
 ) -> HashMap<Uuid, Vec<(String, String)>> {
-    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM claim_events")
         .fetch_one(db)
         .await
         .unwrap();

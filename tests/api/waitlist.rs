@@ -151,7 +151,7 @@ async fn a_returned_unit_passes_down_the_line_through_lapsed_offers_and_never_to
         (Some(0), Some(1))
     );
     let offers: Vec<String> = sqlx::query_scalar(
-        "SELECT user_id FROM outbox WHERE event = 'waitlist.offered' ORDER BY id",
+        "SELECT user_id FROM claim_events WHERE event = 'waitlist.offered' ORDER BY occurred_at",
     )
     .fetch_all(&app.db)
     .await
@@ -277,7 +277,7 @@ async fn a_gateway_sigkilled_during_expiry_and_offers_loses_and_doubles_nothing(
     );
     let (expired, offered, distinct): (i64, i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM issuances WHERE status = 'expired'),
-                (SELECT count(*) FROM outbox WHERE event = 'waitlist.offered'),
+                (SELECT count(*) FROM claim_events WHERE event = 'waitlist.offered'),
                 (SELECT count(DISTINCT user_id) FROM issuances WHERE status = 'held')",
     )
     .fetch_one(&probe.db)
