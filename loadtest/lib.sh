@@ -120,7 +120,7 @@ start_gateway() {
   DBS+=("$db")
   start_bg "$TMP/$name.log" env \
     DROPGATE_ADMISSION_SECRET="$SECRET" DROPGATE_ADMIN_TOKEN="$ADMIN" \
-    DROPGATE_LISTEN=127.0.0.1:0 DATABASE_URL="postgres://postgres@127.0.0.1:5432/$db" \
+    DROPGATE_LISTEN=127.0.0.1:0 DATABASE_URL="postgres://postgres@127.0.0.1:${PGPORT:-5432}/$db" \
     DROPGATE_KEY_PREFIX="$prefix" REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}" \
     RUST_LOG="${RUST_LOG:-info}" "$@" "$DROPGATE_BIN" serve
   addr=$(wait_listen "$BG_PID" "$TMP/$name.log")

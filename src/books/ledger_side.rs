@@ -38,10 +38,12 @@ pub async fn ledger_sums<'e>(
     db: impl sqlx::PgExecutor<'e>,
     sku: &SkuId,
 ) -> Result<LedgerSums, DbError> {
+    // `issuances` is read in one pass for its three sums: the observer reads every SKU's view
+    // each round, and a hot SKU has a row per unit sold (three passes were most of PostgreSQL's
+    // time outside the writer's insert; docs/performance.md, "PostgreSQL's CPU per winner").
     Ok(sqlx::query_as(
         "SELECT
-           (SELECT COALESCE(SUM(quantity), 0)::bigint FROM issuances
-             WHERE sku = $1 AND status IN ('issued', 'held', 'confirmed')) AS recorded,
+           i.recorded, i.held, i.confirmed,
            (SELECT COALESCE(SUM(quantity), 0)::bigint FROM persistence_pending
              WHERE sku = $1 AND status IN ('pending', 'reprocessing')
                AND claim_status NOT IN ('cancelled', 'expired')) AS pending,
@@ -52,12 +54,14 @@ pub async fn ledger_sums<'e>(
                AND NOT EXISTS (SELECT 1 FROM issuances i WHERE i.claim_id = q.claim_id)
                AND NOT EXISTS (SELECT 1 FROM persistence_pending p
                                 WHERE p.claim_id = q.claim_id)) AS quarantined,
-           (SELECT COALESCE(SUM(quantity), 0)::bigint FROM issuances
-             WHERE sku = $1 AND status = 'held') AS held,
-           (SELECT COALESCE(SUM(quantity), 0)::bigint FROM issuances
-             WHERE sku = $1 AND status = 'confirmed') AS confirmed,
            (SELECT count(*) FROM waitlist WHERE sku = $1 AND status = 'waiting') AS waiting,
-           (SELECT count(*) FROM waitlist WHERE sku = $1 AND status = 'offered') AS offered",
+           (SELECT count(*) FROM waitlist WHERE sku = $1 AND status = 'offered') AS offered
+         FROM (SELECT
+                 COALESCE(SUM(quantity) FILTER (WHERE status IN ('issued', 'held', 'confirmed')), 0)::bigint
+                   AS recorded,
+                 COALESCE(SUM(quantity) FILTER (WHERE status = 'held'), 0)::bigint AS held,
+                 COALESCE(SUM(quantity) FILTER (WHERE status = 'confirmed'), 0)::bigint AS confirmed
+                 FROM issuances WHERE sku = $1) i",
     )
     .bind(sku)
     .fetch_one(db)

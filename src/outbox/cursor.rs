@@ -128,19 +128,33 @@ pub async fn advance(db: &PgPool, to: Position) -> Result<(), DbError> {
     Ok(())
 }
 
-/// Creation events past the cursor (settled or not), and the age in seconds of the oldest
-/// (from its claim's decision: the row has no time of its own for its insert).
+/// Creation events past the cursor (settled or not), counted up to `cap`, and the age in
+/// seconds of the oldest (from its claim's decision: the row has no time of its own for its
+/// insert).
+///
+/// The count walks the cursor's index from the cursor and stops at `cap`. Every gateway samples
+/// each second, and the count it replaced read the whole table each time, healthy or not: the
+/// planner cannot estimate a row comparison with the cursor's subselect, so it scanned
+/// `issuances` rather than the index (35 ms a sample at 700k rows with 200 events waiting; the
+/// ordered walk with a limit takes the index, 0.2 ms). While NATS is down the backlog is every
+/// claim since, so the walk stops at `cap`. The age is the oldest of the rows counted:
+/// writers take their transaction ids about in the order their claims were decided, but past
+/// the cap a row decided earlier and written later (a dead gateway's entries, taken over by
+/// another writer) is not seen until the backlog shrinks below it.
 ///
 /// # Errors
 /// The database's error.
-pub async fn backlog(db: &PgPool) -> Result<(i64, Option<f64>), DbError> {
+pub async fn backlog(db: &PgPool, cap: i64) -> Result<(i64, Option<f64>), DbError> {
     Ok(sqlx::query_as(
-        "WITH c AS MATERIALIZED (SELECT won_xid, claim_id FROM outbox_cursor WHERE id = 1)
-         SELECT count(*), EXTRACT(EPOCH FROM clock_timestamp() - min(i.created_at))::float8
-           FROM issuances i
-          WHERE i.won_xid IS NOT NULL
-            AND (i.won_xid, i.claim_id) > ((SELECT won_xid FROM c), (SELECT claim_id FROM c))",
+        "WITH c AS MATERIALIZED (SELECT won_xid, claim_id FROM outbox_cursor WHERE id = 1),
+              b AS (SELECT i.created_at FROM issuances i
+                     WHERE i.won_xid IS NOT NULL
+                       AND (i.won_xid, i.claim_id) > ((SELECT won_xid FROM c), (SELECT claim_id FROM c))
+                     ORDER BY i.won_xid, i.claim_id
+                     LIMIT $1)
+         SELECT count(*), EXTRACT(EPOCH FROM clock_timestamp() - min(created_at))::float8 FROM b",
     )
+    .bind(cap)
     .fetch_one(db)
     .await?)
 }

@@ -25,6 +25,11 @@ const BATCH: i64 = 512;
 /// Idle poll: NOTIFY wakes the relay at once; this only covers a listener that is down.
 const POLL: Duration = Duration::from_millis(500);
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+/// The backlog is counted up to this many events of each kind (`outbox` rows, creation events
+/// past the cursor): a count costs PostgreSQL a row each, every gateway counts each second,
+/// and an outage of NATS makes the backlog every claim since. Beyond it the gauge reads the
+/// cap; the oldest event's age stays exact.
+pub const BACKLOG_COUNTED_UP_TO: i64 = 10_000;
 const TRIM_EVERY: Duration = Duration::from_secs(60);
 const TRIM_CHUNK: i64 = 5000;
 /// While a relay works through a backlog it looks only above its last batch; at least this
@@ -216,8 +221,8 @@ impl Relay {
     /// Unsent `outbox` rows and creation events past the cursor, and the oldest's age.
     async fn sample(&self) {
         let both = async {
-            let (rows, row_age) = store::backlog(&self.db).await?;
-            let (won, won_age) = cursor::backlog(&self.db).await?;
+            let (rows, row_age) = store::backlog(&self.db, BACKLOG_COUNTED_UP_TO).await?;
+            let (won, won_age) = cursor::backlog(&self.db, BACKLOG_COUNTED_UP_TO).await?;
             let oldest = match (row_age, won_age) {
                 (Some(a), Some(b)) => Some(a.max(b)),
                 (a, b) => a.or(b),

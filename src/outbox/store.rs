@@ -154,15 +154,17 @@ pub async fn mark_sent(db: &PgPool, ids: &[i64]) -> Result<u64, DbError> {
     )
 }
 
-/// Events not yet acknowledged by JetStream, and the age in seconds of the oldest.
+/// Events not yet acknowledged by JetStream, counted up to `cap` (oldest first, along the
+/// unsent index: see [`super::cursor::backlog`] for why), and the age in seconds of the oldest.
 ///
 /// # Errors
 /// The database's error.
-pub async fn backlog(db: &PgPool) -> Result<(i64, Option<f64>), DbError> {
+pub async fn backlog(db: &PgPool, cap: i64) -> Result<(i64, Option<f64>), DbError> {
     Ok(sqlx::query_as(
         "SELECT count(*), EXTRACT(EPOCH FROM clock_timestamp() - min(created_at))::float8
-           FROM outbox WHERE sent_at IS NULL",
+           FROM (SELECT created_at FROM outbox WHERE sent_at IS NULL ORDER BY id LIMIT $1) b",
     )
+    .bind(cap)
     .fetch_one(db)
     .await?)
 }

@@ -190,5 +190,46 @@ async fn a_claims_later_event_waits_for_the_cursor_and_the_cursor_never_moves_ba
             .unwrap();
     assert_eq!(now, (at.xid, at.claim_id));
     assert!(cursor::take(&app.db, 10).await.unwrap().is_empty());
-    assert_eq!(cursor::backlog(&app.db).await.unwrap().0, 0);
+    assert_eq!(cursor::backlog(&app.db, 100).await.unwrap().0, 0);
+}
+
+/// The backlog gauge counts each kind of waiting event up to its cap (every gateway counts each
+/// second, and an outage makes the backlog every claim since), and still ages the oldest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backlog_is_counted_up_to_its_cap_and_still_ages_the_oldest_event() {
+    // No NATS: nothing is published, so everything written stays past the cursor.
+    let app = spawn_app().await;
+    let mut winners: Vec<Winner> = (0..5).map(|i| winner("cap", &format!("u{i}"))).collect();
+    winners[0].created_ms -= 60_000;
+    write_batch(&app.db, &winners, Duration::from_secs(1))
+        .await
+        .unwrap();
+    for _ in 0..4 {
+        outbox_event(&app.db, "cap").await;
+    }
+    sqlx::query("UPDATE outbox SET created_at = created_at - interval '90 seconds'")
+        .execute(&app.db)
+        .await
+        .unwrap();
+
+    let (all, age) = cursor::backlog(&app.db, 100).await.unwrap();
+    assert_eq!(all, 5);
+    assert!(age.unwrap() >= 59.0, "oldest creation event aged {age:?}");
+    let (capped, capped_age) = cursor::backlog(&app.db, 3).await.unwrap();
+    assert_eq!(capped, 3);
+    assert!(
+        capped_age.unwrap() >= 59.0,
+        "oldest of the capped count aged {capped_age:?}"
+    );
+
+    let (rows, row_age) = store::backlog(&app.db, 100).await.unwrap();
+    assert_eq!(rows, 4);
+    assert!(
+        row_age.unwrap() >= 89.0,
+        "oldest outbox row aged {row_age:?}"
+    );
+    assert_eq!(store::backlog(&app.db, 2).await.unwrap().0, 2);
+    // Nothing was sent or moved by counting.
+    assert_eq!(cursor::backlog(&app.db, 100).await.unwrap().0, 5);
+    assert_eq!(store::backlog(&app.db, 100).await.unwrap().0, 4);
 }
