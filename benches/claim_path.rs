@@ -145,12 +145,14 @@ impl Fixture {
     /// Deletes a SKU's claim records and per-user counts and empties its journal; the state
     /// hash and the journal's group stay, so claims keep winning.
     async fn trim(&self, sku: &BenchSku) {
-        let claim_key = sku.keys.claim(&Uuid::nil());
-        let head = &claim_key[..claim_key.len() - Uuid::nil().simple().to_string().len()];
-        self.delete_matching(&format!("{head}*")).await;
+        // The call records' buckets are `<head>claims:<n>`: only those go, never the state.
+        let bucket = sku.keys.claims_bucket(0);
+        let buckets = &bucket[..bucket.len() - 1];
+        self.delete_matching(&format!("{buckets}*")).await;
         let mut con = self.hot();
         let _: i64 = redis::cmd("DEL")
             .arg(sku.keys.users())
+            .arg(sku.keys.idempotency())
             .query_async(&mut con)
             .await
             .expect("DEL users");

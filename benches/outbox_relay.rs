@@ -128,12 +128,13 @@ async fn drop_claims(
 
 async fn wait_sent(db: &PgPool) {
     loop {
-        // The relay's own backlog queries (index scans), not the view, which reads every
-        // row: polled every 20 ms, the view would be most of PostgreSQL's CPU in the run.
-        let (rows, _) = dropgate::outbox::store::backlog(db)
+        // The relay's own backlog queries (index scans, stopping at the first event left), not
+        // the view, which reads every row: polled every 20 ms, the view would be most of
+        // PostgreSQL's CPU in the run.
+        let (rows, _) = dropgate::outbox::store::backlog(db, 1)
             .await
             .expect("counting the backlog");
-        let (won, _) = dropgate::outbox::cursor::backlog(db)
+        let (won, _) = dropgate::outbox::cursor::backlog(db, 1)
             .await
             .expect("counting the backlog");
         if rows + won == 0 {

@@ -29,7 +29,7 @@
 # Environment: ROUNDS (3), DURATION_S (10), CONNS_LIST ("64 256"), THREADS (2), BUYERS (5000),
 # DRAIN_S (120), RATIO_REDIS (private), SOLD_OUT=0 (skip part 2), BASE_BIN (a second dropgate
 # binary run alongside), SKIP_BUILD=1 (use built binaries), DROPGATE_BIN, REFERENCE_BIN,
-# KEEP_TMP=1 (keep logs). Everything is bounded in time; every server started is stopped on
+# KEEP_TMP=1 (keep logs), REDIS_BREAKDOWN=1 (Redis's CPU per unit by command, after each run). Everything is bounded in time; every server started is stopped on
 # exit. Loopback only.
 set -euo pipefail
 
@@ -125,6 +125,7 @@ won_run() {
   fi
   c0=$(redis_cpu) g0=$(proc_cpu "${PID[$kind]}") k0=$(redis_calls all) e0=$(redis_calls evalsha)
   [[ -n ${DB[$kind]:-} ]] && p0=$(pg_cpu "${DB[$kind]}")
+  [[ ${REDIS_BREAKDOWN:-0} == 1 ]] && "${RCLI[@]}" INFO commandstats | tr -d '\r' >"$TMP/cmd0"
   wrk_run "$kind-$conns-$round" "$url/v1/skus/$sku/claims" "$conns"
   if [[ $kind == reference ]]; then
     units=$((UNITS - $("${RCLI[@]}" GET "ratio${ID}r:{$sku}:stock")))
@@ -136,6 +137,19 @@ won_run() {
   fi
   c1=$(redis_cpu) g1=$(proc_cpu "${PID[$kind]}") k1=$(redis_calls all) e1=$(redis_calls evalsha)
   [[ -n ${DB[$kind]:-} ]] && p1=$(pg_cpu "${DB[$kind]}") && pg=$(sub "$p1" "$p0")
+  if [[ ${REDIS_BREAKDOWN:-0} == 1 ]]; then
+    # Per command: calls and the CPU Redis counts inside it (INFO commandstats `usec`; a
+    # script's own calls counted again inside EVALSHA's), per unit sold; the rest of
+    # used_cpu is the event loop (reading, parsing, writing replies) and background work.
+    "${RCLI[@]}" INFO commandstats | tr -d '\r' >"$TMP/cmd1"
+    awk -v n="$units" -v cpu="$(sub "$c1" "$c0")" -v what="$kind c$conns round $round" \
+      'BEGIN { printf "  redis breakdown, %s (%d units; used_cpu %.2f us/unit):\n", what, n, cpu * 1e6 / n }' >&2
+    awk -F'[:=,]' -v n="$units" '
+      /^cmdstat_/ { calls[$1] += (FILENAME ~ /cmd1$/ ? $3 : -$3); us[$1] += (FILENAME ~ /cmd1$/ ? $5 : -$5) }
+      END {
+        for (c in calls) if (calls[c] > 0) printf "    %-28s %8.4f calls/unit %7.3f us/unit\n", substr(c, 9), calls[c] / n, us[c] / n
+      }' "$TMP/cmd0" "$TMP/cmd1" | sort -k4 -rn >&2
+  fi
   record won "$kind" "$conns" "$round" "$units" "$(sub "$c1" "$c0")" "$(sub "$g1" "$g0")" \
     $((k1 - k0)) $((e1 - e0)) "$pg"
 }
