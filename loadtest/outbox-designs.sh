@@ -135,17 +135,8 @@ for round in $(seq "$ROUNDS"); do
     "${PSQL[@]}" -d "$DB" -c "${setup[0]}" -c "${setup[1]}" -c "TRUNCATE issuances, outbox" -c "UPDATE relay_cursor SET xid = '0',
       claim_id = '00000000-0000-0000-0000-000000000000', owner = NULL, lease_until = NULL" \
       -c "VACUUM ANALYZE issuances" -c "VACUUM ANALYZE outbox" -c "CHECKPOINT"
-    before=$(cluster_cpu)
-    start=$(date +%s.%N)
-    pgbench -h 127.0.0.1 -U postgres -n -c 1 -t "$TXS" -f "$TMP/$design.sql" "$DB" >"$TMP/pgbench.log" 2>&1 \
-      || { cat "$TMP/pgbench.log" >&2; exit 1; }
-    # Autovacuum and the checkpointer's share of what the run left behind.
-    "${PSQL[@]}" -d "$DB" -c "VACUUM issuances" -c "VACUUM outbox" -c "CHECKPOINT"
-    end=$(date +%s.%N)
-    after=$(cluster_cpu)
-    rows=$((TXS * BATCH))
-    awk -v d="$design" -v r="$round" -v n="$rows" -v a="$after" -v b="$before" -v s="$start" -v e="$end" \
-      'BEGIN { printf "%s %d %d %.3f %.2f %.2f\n", d, r, n, a - b, (a - b) * 1e6 / n, e - s }'
+    # Autovacuum and the checkpointer's share of what the run left behind, in the figure.
+    pgbench_cpu "$DB" "$TMP/$design.sql" "$design" "$round" issuances outbox
   done
 done
 [[ -n ${KEEP_DB:-} ]] || "${PSQL[@]}" -c "DROP DATABASE $DB"

@@ -85,15 +85,6 @@ for round in $(seq "$ROUNDS"); do
     "${PSQL[@]}" -d "$DB" -c "DROP INDEX IF EXISTS issuances_sku_user"
     [[ $design == sku_user ]] && "${PSQL[@]}" -d "$DB" -c "CREATE INDEX issuances_sku_user ON issuances (sku, user_id)"
     "${PSQL[@]}" -d "$DB" -c "TRUNCATE issuances" -c "VACUUM ANALYZE issuances" -c "CHECKPOINT"
-    before=$(cluster_cpu)
-    start=$(date +%s.%N)
-    pgbench -h 127.0.0.1 -U postgres -n -c 1 -t "$TXS" -f "$TMP/insert.sql" "$DB" >"$TMP/pgbench.log" 2>&1 \
-      || { cat "$TMP/pgbench.log" >&2; exit 1; }
-    "${PSQL[@]}" -d "$DB" -c "VACUUM issuances" -c "CHECKPOINT"
-    end=$(date +%s.%N)
-    after=$(cluster_cpu)
-    rows=$((TXS * BATCH))
-    awk -v d="$design" -v r="$round" -v n="$rows" -v a="$after" -v b="$before" -v s="$start" -v e="$end" \
-      'BEGIN { printf "%s %d %d %.3f %.2f %.2f\n", d, r, n, a - b, (a - b) * 1e6 / n, e - s }'
+    pgbench_cpu "$DB" "$TMP/insert.sql" "$design" "$round" issuances
   done
 done
