@@ -45,6 +45,10 @@ max_wal_size = 1GB
 shared_preload_libraries = 'pg_stat_statements'
 pg_stat_statements.track = all
 pg_stat_statements.max = 5000
+# Lock waits longer than 5 ms are logged, and counted at the end: execution time is wall time,
+# and a statement that waited for a row lock looks slow without using the CPU.
+log_lock_waits = on
+deadlock_timeout = '5ms'
 EOF
 as_pg "$BIN/pg_ctl" -D "$DIR/data" -l "$DIR/log" -w start >/dev/null
 export PGPORT=$PORT
@@ -112,3 +116,6 @@ echo "statements by execution time, per gateway database (us per winner of that 
       FROM s JOIN w USING (db))
   SELECT gw, winners, us_per_winner, calls, calls_per_s, rows, us_per_call, query
     FROM r WHERE k <= ${TOP:-12} ORDER BY gw, us_per_winner DESC"
+waits=$(grep -c 'still waiting for' "$DIR/log" || true)
+echo "lock waits over 5 ms: $waits"
+grep -A1 'still waiting for' "$DIR/log" | grep -o 'STATEMENT: .\{0,100\}' | sort | uniq -c | sort -rn | head -5 || true
