@@ -28,7 +28,7 @@ const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 /// The backlog is counted up to this many events of each kind (`outbox` rows, creation events
 /// past the cursor): a count costs PostgreSQL a row each, every gateway counts each second,
 /// and an outage of NATS makes the backlog every claim since. Beyond it the gauge reads the
-/// cap; the oldest event's age stays exact.
+/// cap, and the oldest age is that of the events counted ([`cursor::backlog`]).
 pub const BACKLOG_COUNTED_UP_TO: i64 = 10_000;
 const TRIM_EVERY: Duration = Duration::from_secs(60);
 const TRIM_CHUNK: i64 = 5000;
