@@ -427,7 +427,7 @@ async fn call(con: &mut MultiplexedConnection, keys: &SkuKeys, case: &Case, user
     )
     .expect("a call of 1 to 128 claims");
     let reply: Value = inv.invoke_async(con).await.expect("claim.lua call");
-    let decisions = scripts::parse_claim_reply(reply, claims.len()).expect("claim reply");
+    let decisions = scripts::parse_claim_reply(reply, &claims).expect("claim reply");
     for d in &decisions {
         assert!(
             matches!(d, Decision::Won { .. }),
