@@ -14,9 +14,10 @@
 //! - `body::decode_{typical, empty}`: `http::claim_quantity` on a claim body.
 //! - `batch::build.build_{0, 1, 2}`: `scripts::claim_invocation`, the `claim.lua` call of a
 //!   coalesced batch of 1, 32 and 128 claims (keys and arguments, not yet on the wire: the
-//!   call id once, three values per claim).
-//! - `reply::parse.parse_{0, 1, 2}`: `scripts::parse_claim_reply` on a reply of 1, 32 and 128
-//!   wins. (gungraun numbers `benches` cases by position.)
+//!   call id once, a piece per claim and each buyer once).
+//! - `reply::parse.parse_{0, 1, 2}`: `scripts::parse_claim_reply` on the reply of a call of 1,
+//!   32 and 128 claims that all won (the stock before the call; each claim's stock left is
+//!   worked out here). (gungraun numbers `benches` cases by position.)
 
 use std::hint::black_box;
 
@@ -90,19 +91,21 @@ fn build((keys, call, claims): (SkuKeys, Uuid, Vec<ClaimInput>)) -> bool {
     black_box(inv).is_ok()
 }
 
-/// `claim.lua`'s reply for `n` winners: no hold expiry, then (1, remaining) pairs.
-fn reply_case(n: usize) -> (Value, usize) {
-    let items = std::iter::once(Value::Int(0))
-        .chain((0..n).flat_map(|i| [Value::Int(1), Value::Int(1_000_000 - i as i64)]))
-        .collect();
-    (Value::Array(items), n)
+/// `claim.lua`'s reply for a call of `n` claims that all won: no hold expiry, then the stock
+/// before the call.
+fn reply_case(n: usize) -> (Value, Vec<ClaimInput>) {
+    let (_, _, claims) = batch_case(n);
+    (
+        Value::Array(vec![Value::Int(0), Value::Int(1_000_000)]),
+        claims,
+    )
 }
 
 #[library_benchmark]
 #[benches::parse(args = [1, 32, 128], setup = reply_case)]
-fn parse((reply, n): (Value, usize)) -> usize {
+fn parse((reply, claims): (Value, Vec<ClaimInput>)) -> usize {
     let decisions: Vec<Decision> =
-        scripts::parse_claim_reply(black_box(reply), n).unwrap_or_default();
+        scripts::parse_claim_reply(black_box(reply), &claims).unwrap_or_default();
     black_box(decisions).len()
 }
 

@@ -17,12 +17,18 @@
 --                PostgreSQL has recorded (lib/fresh.lua, prepended; "seq" alone: incarnation 0)
 -- ARGV[5]        the call id (UUIDv7 text, minted when the call was formed; src/ids.rs)
 -- ARGV[6]        n, the number of claims (1..128)
--- per claim i (0-based), four values:
--- ARGV[7+4i]     user id
--- ARGV[8+4i]     quantity (integer >= 1)
--- ARGV[9+4i]     Idempotency-Key value, or "" for none
--- ARGV[10+4i]    the claim's piece, "i|quantity|len(user)|user", spelled out by the caller so
---                that a winner costs no string building here
+-- ARGV[7]        the plan: n bytes, byte i the place (0-based) of claim i's buyer among the
+--                buyers below, plus 128 when the claim has an Idempotency-Key
+-- ARGV[8]        the quantities: "" when every claim is of one unit, else n integers >= 1
+--                joined by ","
+-- ARGV[9]        the record's winners when every claim wins: every claim's piece, in order
+-- ARGV[10]       u, the number of distinct buyers
+-- ARGV[11..10+u] the buyers (user ids), each once, in the order of their first claim
+-- ARGV[11+u+i]   claim i's piece (i 0-based), "i|quantity|len(user)|user"
+-- ARGV[11+u+n..] the Idempotency-Key values of the claims that have one, in claim order
+-- The caller (src/scripts/claim/args.rs) spells out every string a winner leaves behind, so
+-- that a claim costs one argument here and the common call, where every claim wins, no string
+-- building, number formatting or per-claim reply at all.
 --
 -- Claim i's id is the call id with i in the low 7 bits of its byte 11 (hex digits 27-28 of
 -- the text; the call id's own index is 0), as src/ids.rs `claim_in` makes it.
@@ -31,10 +37,13 @@
 -- after its answer was lost, or this very call ran before (a resend); nothing is decided or
 -- written, and the caller reads the outcomes back. {"lost"} when the SKU state is missing
 -- (Redis lost it), {"stale"} when the state is marked stale or is older than the floor
--- (its sequence behind the mark, or its incarnation older: Redis came back with older data: the state is marked stale here, so every gateway
--- fails closed until restore); nothing else is written in either case. Otherwise a flat array
--- of 1 + 2n values: first the expires_ms of this call's winners when the SKU holds its claims
--- (hold_ms > 0; 0 otherwise), then a (code, value) pair per claim:
+-- (its sequence behind the mark, or its incarnation older: Redis came back with older data:
+-- the state is marked stale here, so every gateway fails closed until restore); nothing else
+-- is written in either case. {expires_ms, stock} when every claim won: the expires_ms of this
+-- call's winners when the SKU holds its claims (hold_ms > 0; 0 otherwise) and the stock
+-- before the first; claim i's remaining stock is that less the quantities of claims 0..=i.
+-- Otherwise a flat array of 1 + 2n values: first the expires_ms, then a (code, value) pair
+-- per claim:
 --   1, remaining     won
 --   2, record        replay of an earlier win under the same key (the record below)
 --   3, remaining     sold out (not enough stock; no partial fill)
@@ -67,7 +76,10 @@
 -- Invariant: stock never goes below 0 and a user's count never passes `limit`; every unit that
 -- leaves stock is, in the same step, journaled (XADD) and counted in `inflight`, so a crash of
 -- the gateway after this call loses no winner; a call id decides at most once, and never
--- after a resolver fenced it; a state older than what PostgreSQL recorded never sells.
+-- after a resolver fenced it; a state older than what PostgreSQL recorded never sells. The
+-- call where every claim wins is decided at once (its quantities against the stock, each
+-- buyer's against the limit, no key seen before); any other is decided claim by claim, and
+-- both give what deciding claim by claim gives.
 local state, users, journal, records = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local call = ARGV[5]
 -- First: a resend of a call that ran must not run again, whatever became of the state since.
@@ -86,129 +98,205 @@ end
 if close_if_behind(head[3], head[9], ARGV[4]) then
   return {'stale'}
 end
-local seq = tonumber(head[3] or '0')
-local now, fields, records_ttl, n = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[6])
-local stock, limit = tonumber(head[1]), tonumber(head[2])
+-- Numbers by arithmetic on the strings Redis gave (`+ 0`): a third of `tonumber`'s cost.
+local n, u, fields = ARGV[6] + 0, ARGV[10] + 0, ARGV[2]
+local stock0, limit = head[1] + 0, head[2] + 0
 local holds, expiry, idems = KEYS[5], KEYS[6], KEYS[7]
-local next_field = 1
-local hold_ms = tonumber(head[5] or '0')
-local window, window_at, expires = 0, 0, 0
+local hold_ms = (head[5] or 0) + 0
+local window, window_at, expires, expires_s = 0, 0, 0, nil
 if hold_ms > 0 or head[6] or head[7] then
   local t = redis.call('TIME')
-  local rnow = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  if head[6] and rnow < tonumber(head[6]) then
-    window, window_at = 7, tonumber(head[6])
-  elseif head[7] and rnow >= tonumber(head[7]) then
-    window, window_at = 8, tonumber(head[7])
+  local rnow = t[1] * 1000 + math.floor(t[2] / 1000)
+  if head[6] and rnow < head[6] + 0 then
+    window, window_at = 7, head[6] + 0
+  elseif head[7] and rnow >= head[7] + 0 then
+    window, window_at = 8, head[7] + 0
   end
   if hold_ms > 0 then
     expires = rnow + hold_ms
+    -- %d: a time of 10^14 or more would otherwise be written as 1e+14.
+    expires_s = string.format('%d', expires)
   end
 end
--- The counts of every user of the call, in one read; written once at the end.
-local held, changed = {}, {}
+local plan = {string.byte(ARGV[7], 1, n)}
+local qty = nil
+if ARGV[8] ~= '' then
+  qty = {}
+  for q in string.gmatch(ARGV[8], '%d+') do
+    qty[#qty + 1] = q + 0
+  end
+end
+local pieces, keys = 10 + u, 10 + u + n
+-- Every keyed claim's earlier record, in one read (a key used twice in this call: below).
+local keyed = #fields / 16
+local names, priors = {}, {}
+if keyed > 0 then
+  for j = 1, keyed do
+    names[j] = string.sub(fields, 16 * j - 15, 16 * j)
+  end
+  priors = redis.call('HMGET', idems, unpack(names))
+end
+-- The counts of every buyer of the call, in one read; written once at the end.
+local counts = {}
 if window == 0 then
-  local names = {}
-  for i = 0, n - 1 do
-    names[i + 1] = ARGV[7 + 4 * i]
+  counts = redis.call('HMGET', users, unpack(ARGV, 11, 10 + u))
+end
+
+-- Does every claim win? Then each buyer's count after the call is `after`.
+local fast, after, total = window == 0, {}, 0
+if fast then
+  local seen = {}
+  for j = 1, keyed do
+    if priors[j] or seen[names[j]] then
+      fast = false
+      break
+    end
+    seen[names[j]] = true
   end
-  local counts = redis.call('HMGET', users, unpack(names))
+end
+if fast then
+  for k = 1, u do
+    after[k] = (counts[k] or 0) + 0
+  end
   for i = 1, n do
-    held[names[i]] = tonumber(counts[i] or '0')
+    local k, q = plan[i] % 128 + 1, qty and qty[i] or 1
+    after[k] = after[k] + q
+    total = total + q
+  end
+  fast = total <= stock0
+  for k = 1, u do
+    if after[k] > limit then
+      fast = false
+      break
+    end
   end
 end
-local out = {expires}
-local entry = {'k', call, 't', now, 'q', seq, 'r', stock}
-if expires > 0 then
-  entry[#entry + 1] = 'x'
-  entry[#entry + 1] = expires
-end
--- %d: a stock of 10^14 or more would otherwise be written as 1e+14.
-local head_piece = string.format('%d', stock)
-if expires > 0 then
-  head_piece = head_piece .. ':' .. string.format('%d', expires)
-end
-local pieces, hold_recs, hold_exp = {head_piece .. '|'}, {}, {}
+
+-- What a winner leaves besides its journal piece: the records only a keyed or held winner
+-- has, which need its claim id spelled out.
+local idem_recs, hold_recs, hold_exp = {}, {}, {}
 local id_head, id_byte, id_tail
-for i = 0, n - 1 do
-  local user = ARGV[7 + 4 * i]
-  local qty, idem = tonumber(ARGV[8 + 4 * i]), ARGV[9 + 4 * i]
-  local idem_key, prior = nil, false
-  if idem ~= '' then
-    idem_key = string.sub(fields, next_field, next_field + 15)
-    next_field = next_field + 16
-    prior = redis.call('HGET', idems, idem_key)
+local function extras(i, q, left, field, k)
+  if not id_head then
+    id_head, id_byte, id_tail = string.sub(call, 1, 26),
+      tonumber(string.sub(call, 27, 28), 16), string.sub(call, 29)
   end
-  if prior then
-    local pqty = string.match(prior, '^h|%d+|[^|]*|([^|]*)|') or string.match(prior, '^[^|]*|([^|]*)|')
-    if tonumber(pqty) == qty then
-      out[#out + 1] = 2
-      out[#out + 1] = prior
-    else
-      out[#out + 1] = 5
-      out[#out + 1] = 0
+  local id = id_head .. string.format('%02x', id_byte + i - 1) .. id_tail
+  if field then
+    local record = string.format('%s|%d|%d', id, q, left)
+    if expires > 0 then
+      record = 'h|' .. expires_s .. '|' .. record
     end
-  elseif window ~= 0 then
-    out[#out + 1] = window
-    out[#out + 1] = window_at
-  else
-    local h = held[user]
-    if h + qty > limit then
-      out[#out + 1] = 4
-      out[#out + 1] = h
-    elseif qty > stock then
-      out[#out + 1] = 3
-      out[#out + 1] = stock
-    else
-      local piece = ARGV[10 + 4 * i]
-      stock = stock - qty
-      seq = seq + 1
-      if idem_key or expires > 0 then
-        -- Only a keyed or held winner needs its claim id spelled out here.
-        if not id_head then
-          id_head, id_byte, id_tail = string.sub(call, 1, 26),
-            tonumber(string.sub(call, 27, 28), 16), string.sub(call, 29)
-        end
-        local id = id_head .. string.format('%02x', id_byte + i) .. id_tail
-        if idem_key then
-          local record = id .. '|' .. qty .. '|' .. string.format('%d', stock)
-          if expires > 0 then
-            record = 'h|' .. expires .. '|' .. record
-          end
-          -- At once, not with the counts at the end: a later claim of this call under the
-          -- same key must find it and replay.
-          redis.call('HSET', idems, idem_key, record)
-        end
-        if expires > 0 then
-          hold_recs[#hold_recs + 1] = id
-          hold_recs[#hold_recs + 1] = 'held|' .. qty .. '|' .. expires .. '|0|' .. #user .. '|'
-            .. user
-          hold_exp[#hold_exp + 1] = expires
-          hold_exp[#hold_exp + 1] = id
-        end
-      end
-      held[user] = h + qty
-      changed[user] = true
-      entry[#entry + 1] = 'c'
-      entry[#entry + 1] = piece .. idem
-      pieces[#pieces + 1] = piece
-      out[#out + 1] = 1
-      out[#out + 1] = stock
-    end
+    idem_recs[#idem_recs + 1] = field
+    idem_recs[#idem_recs + 1] = record
   end
+  if expires > 0 then
+    local user = ARGV[10 + k]
+    hold_recs[#hold_recs + 1] = id
+    hold_recs[#hold_recs + 1] = string.format('held|%d|%s|0|%d|%s', q, expires_s, #user, user)
+    hold_exp[#hold_exp + 1] = expires
+    hold_exp[#hold_exp + 1] = id
+  end
+  return field and idem_recs[#idem_recs]
 end
-if #pieces > 1 then
-  redis.call('HSET', state, 'stock', stock, 'seq', seq,
-    'inflight', tonumber(head[8] or '0') + entry[8] - stock)
-  local counts = {}
-  for user in pairs(changed) do
-    counts[#counts + 1] = user
-    counts[#counts + 1] = held[user]
+
+local entry = {'k', call, 't', ARGV[1], 'q', head[3] or '0', 'r', head[1]}
+local head_piece = head[1]
+if expires > 0 then
+  entry[9], entry[10] = 'x', expires_s
+  head_piece = head_piece .. ':' .. expires_s
+end
+local e, won, record = #entry, 0, nil
+local out = {expires}
+local stock = stock0
+local changed = {}
+if fast then
+  won, stock = n, stock0 - total
+  local j, left, more = 0, stock0, keyed > 0 or expires > 0
+  for i = 1, n do
+    local c, field = ARGV[pieces + i], nil
+    if plan[i] >= 128 then
+      j = j + 1
+      field = names[j]
+      c = c .. ARGV[keys + j]
+    end
+    entry[e + 1], entry[e + 2], e = 'c', c, e + 2
+    if more then
+      local q = qty and qty[i] or 1
+      left = left - q
+      extras(i, q, left, field, plan[i] % 128 + 1)
+    end
   end
-  redis.call('HSET', users, unpack(counts))
+  record = head_piece .. '|' .. ARGV[9]
+  for k = 1, u do
+    changed[k] = after[k]
+  end
+  out[2] = stock0
+else
+  -- Claim by claim, in order, as one claim at a time would be decided.
+  local held, written, winners, j = {}, {}, {}, 0
+  for i = 1, n do
+    local b = plan[i]
+    local k, q = b % 128 + 1, qty and qty[i] or 1
+    local field, prior = nil, false
+    if b >= 128 then
+      j = j + 1
+      field = names[j]
+      -- A later claim of this call under the same key finds the earlier one's record.
+      prior = written[field] or priors[j]
+    end
+    local at = 2 * i
+    if prior then
+      local pqty = string.match(prior, '^h|%d+|[^|]*|([^|]*)|') or string.match(prior, '^[^|]*|([^|]*)|')
+      if tonumber(pqty) == q then
+        out[at], out[at + 1] = 2, prior
+      else
+        out[at], out[at + 1] = 5, 0
+      end
+    elseif window ~= 0 then
+      out[at], out[at + 1] = window, window_at
+    else
+      local h = held[k] or (counts[k] or 0) + 0
+      held[k] = h
+      if h + q > limit then
+        out[at], out[at + 1] = 4, h
+      elseif q > stock then
+        out[at], out[at + 1] = 3, stock
+      else
+        stock = stock - q
+        held[k] = h + q
+        changed[k] = h + q
+        won = won + 1
+        local piece = ARGV[pieces + i]
+        winners[won] = piece
+        entry[e + 1], entry[e + 2], e = 'c', field and piece .. ARGV[keys + j] or piece, e + 2
+        if field or expires > 0 then
+          local rec = extras(i, q, stock, field, k)
+          if field then
+            written[field] = rec
+          end
+        end
+        out[at], out[at + 1] = 1, stock
+      end
+    end
+  end
+  record = head_piece .. '|' .. table.concat(winners)
+end
+if won > 0 then
+  redis.call('HSET', state, 'stock', stock, 'seq', (head[3] or 0) + won,
+    'inflight', (head[8] or 0) + (head[1] - stock))
+  local cs = {}
+  for k, c in pairs(changed) do
+    cs[#cs + 1] = ARGV[10 + k]
+    cs[#cs + 1] = c
+  end
+  redis.call('HSET', users, unpack(cs))
   redis.call('XADD', journal, '*', unpack(entry))
-  redis.call('HSET', records, call, table.concat(pieces))
-  redis.call('EXPIRE', records, records_ttl)
+  redis.call('HSET', records, call, record)
+  redis.call('EXPIRE', records, ARGV[3])
+  if #idem_recs > 0 then
+    redis.call('HSET', idems, unpack(idem_recs))
+  end
   if #hold_recs > 0 then
     redis.call('HSET', holds, unpack(hold_recs))
     redis.call('ZADD', expiry, unpack(hold_exp))

@@ -8,8 +8,12 @@ use uuid::Uuid;
 use super::{Floor, SCRIPTS};
 use crate::config::CLAIM_RECORD_TTL_SECS;
 use crate::error::StoreError;
-use crate::keys::{idempotency_field, SkuKeys};
+use crate::keys::SkuKeys;
 use crate::record::IdemRecord;
+
+mod args;
+
+use args::CallArgs;
 
 /// One claim to decide. Its id is its call's (see [`crate::ids::claim_in`]): minted when the
 /// call is formed, before it is sent.
@@ -92,12 +96,12 @@ pub async fn claim_at<C: ConnectionLike>(
     let reply: Value = claim_invocation_at(keys, call_id, claims, now_ms, floor)?
         .invoke_async(con)
         .await?;
-    parse_claim_reply(reply, claims.len())
+    parse_claim_reply(reply, claims)
 }
 
 /// The `claim.lua` call `call_id` deciding `claims` (1 to [`crate::ids::CALL_CLAIMS`]), built
-/// but not sent: its keys and arguments in the script's order, four per claim
-/// (`benches/instructions.rs` counts what this costs).
+/// but not sent: its keys and arguments in the script's order, one per claim and one per
+/// buyer (`claim/args.rs`; `benches/instructions.rs` counts what this costs).
 ///
 /// # Errors
 /// [`StoreError::Protocol`] when `claims` is empty or more than one call holds.
@@ -129,11 +133,7 @@ pub fn claim_invocation_at<'a>(
             claims.len()
         )));
     }
-    let fields: Vec<u8> = claims
-        .iter()
-        .filter_map(|c| c.idempotency_key.as_deref().map(|k| (&c.user, k)))
-        .flat_map(|(user, k)| idempotency_field(user, k))
-        .collect();
+    let args = CallArgs::new(claims);
     let mut inv = SCRIPTS.claim.prepare_invoke();
     inv.key(keys.state())
         .key(keys.users())
@@ -143,28 +143,22 @@ pub fn claim_invocation_at<'a>(
         .key(keys.expiry())
         .key(keys.idempotency())
         .arg(now_ms)
-        .arg(fields)
+        .arg(args.fields.as_slice())
         .arg(CLAIM_RECORD_TTL_SECS)
         .arg(floor)
         .arg(call_id.to_string())
         .arg(claims.len());
-    for (i, c) in claims.iter().enumerate() {
-        inv.arg(&c.user)
-            .arg(c.quantity)
-            .arg(c.idempotency_key.as_deref().unwrap_or(""))
-            // The claim's piece of the call's journal entry and record, built here rather
-            // than in Redis (claim.lua).
-            .arg(format!("{i}|{}|{}|{}", c.quantity, c.user.len(), c.user));
-    }
+    args.push(&mut inv);
     Ok(inv)
 }
 
-/// Reads `claim.lua`'s reply for `n` claims.
+/// Reads `claim.lua`'s reply for the call that decided `claims`.
 ///
 /// # Errors
 /// [`StoreError::SkuLost`] and [`StoreError::Stale`] as the script says;
 /// [`StoreError::Protocol`] for a reply of another shape.
-pub fn parse_claim_reply(reply: Value, n: usize) -> Result<Vec<Decision>, StoreError> {
+pub fn parse_claim_reply(reply: Value, claims: &[ClaimInput]) -> Result<Vec<Decision>, StoreError> {
+    let n = claims.len();
     let items = match reply {
         Value::Array(items) => items,
         other => return Err(StoreError::Protocol(format!("claim: {other:?}"))),
@@ -177,21 +171,42 @@ pub fn parse_claim_reply(reply: Value, n: usize) -> Result<Vec<Decision>, StoreE
             _ => {}
         }
     }
+    if let [expires, Value::Int(stock)] = items.as_slice() {
+        // Every claim won: each one's stock left is the stock before the call less the
+        // quantities up to it.
+        let expires_ms = expires_of(expires)?;
+        let mut left = *stock;
+        return Ok(claims
+            .iter()
+            .map(|c| {
+                left -= i64::from(c.quantity);
+                Decision::Won {
+                    remaining: left,
+                    expires_ms,
+                }
+            })
+            .collect());
+    }
     if items.len() != 1 + 2 * n {
         return Err(StoreError::Protocol(format!(
             "claim: {} values for {n} claims",
             items.len()
         )));
     }
-    let expires_ms = match items[0] {
-        Value::Int(0) => None,
-        Value::Int(ms) => Some(ms),
-        ref other => return Err(StoreError::Protocol(format!("claim expiry {other:?}"))),
-    };
+    let expires_ms = expires_of(&items[0])?;
     items[1..]
         .chunks_exact(2)
         .map(|pair| parse_decision(&pair[0], &pair[1], expires_ms))
         .collect()
+}
+
+/// The reply's first value: the winners' hold expiry, 0 when the SKU does not hold claims.
+fn expires_of(v: &Value) -> Result<Option<i64>, StoreError> {
+    match v {
+        Value::Int(0) => Ok(None),
+        Value::Int(ms) => Ok(Some(*ms)),
+        other => Err(StoreError::Protocol(format!("claim expiry {other:?}"))),
+    }
 }
 
 fn parse_decision(
