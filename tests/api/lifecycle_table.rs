@@ -212,9 +212,12 @@ fn lua_statuses() -> (Vec<Made>, Vec<Made>) {
             if let Some((_, rest)) = code.split_once("entry_end or '") {
                 add(Kind::Entry, rest.split('\'').next().map(String::from));
             }
-            // claim.lua writes its holds' records whole.
-            if let Some((_, rest)) = code.split_once("hold_recs[#hold_recs + 1] = '") {
-                add(Kind::Claim, rest.split('|').next().map(String::from));
+            // claim.lua writes its holds' records whole (as a literal or through string.format).
+            if let Some((_, rest)) = code.split_once("hold_recs[#hold_recs + 1] = ") {
+                let rest = rest.strip_prefix("string.format(").unwrap_or(rest);
+                if let Some(rest) = rest.strip_prefix('\'') {
+                    add(Kind::Claim, rest.split('|').next().map(String::from));
+                }
             }
             let mut rest = code;
             while let Some(at) = rest.find(".status ") {
