@@ -1,4 +1,4 @@
-//! Drops on a real Redis Cluster (tests/api/cluster_support.rs): three `dropgate serve`
+//! Drops on a real Redis Cluster (tests/api/cluster_support/): three `dropgate serve`
 //! processes on one cluster and one PostgreSQL database, many more buyers than units, and the
 //! cluster's own faults while they buy: a slot migrated under them, a master killed and its
 //! replica promoted, a gateway SIGKILLed with journal entries in hand. Every test asserts on

@@ -1,4 +1,4 @@
-//! The waiting room on a real Redis Cluster (tests/api/cluster_support.rs): queued SKUs whose
+//! The waiting room on a real Redis Cluster (tests/api/cluster_support/): queued SKUs whose
 //! slots sit on different masters, two gateways sharing the admission leases, visitors
 //! joining through both. The queue lives in its SKU's slot (every key carries the `{sku}` tag),
 //! so each join, read and round is one script on one master.
