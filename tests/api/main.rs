@@ -53,6 +53,7 @@ mod shards_undersell;
 mod shards_waitlist;
 mod soldout;
 mod stalls;
+mod tokens;
 mod tools;
 mod view_consistency;
 mod view_unfenced;
