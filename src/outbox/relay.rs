@@ -13,9 +13,9 @@ use uuid::Uuid;
 use super::cursor::{self, Position};
 use super::jetstream::Publisher;
 use super::{held_back, store, NatsState, OutboxStatus, RelayError, HELD_BACK_SHOWN_AFTER_SECS};
-use crate::repeats;
 use crate::config::NatsConfig;
 use crate::metrics as m;
+use crate::repeats;
 
 mod batch;
 use batch::Taken;
@@ -272,7 +272,11 @@ impl Relay {
             }
             None => {
                 if let Some(end) = self.held_back_log.clear(repeats::BACKEND) {
-                    repeats::ended(repeats::BACKEND, end, "claim events flow again: the transaction holding them back ended");
+                    repeats::ended(
+                        repeats::BACKEND,
+                        end,
+                        "claim events flow again: the transaction holding them back ended",
+                    );
                 }
             }
         }

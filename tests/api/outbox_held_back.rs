@@ -34,8 +34,13 @@ async fn an_open_transaction_in_another_database_is_named_then_events_flow_once_
     app.declare("held", 10, 1).await;
     // Another database of the same server, and a session in it that took a transaction id
     // and went idle, as a forgotten psql session does.
-    let other = format!("dg_test_idle_{}", &Uuid::new_v4().simple().to_string()[..12]);
-    let server = PgPool::connect(&format!("{PG_BASE}/postgres")).await.unwrap();
+    let other = format!(
+        "dg_test_idle_{}",
+        &Uuid::new_v4().simple().to_string()[..12]
+    );
+    let server = PgPool::connect(&format!("{PG_BASE}/postgres"))
+        .await
+        .unwrap();
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {other}")))
         .execute(&server)
         .await
@@ -71,8 +76,16 @@ async fn an_open_transaction_in_another_database_is_named_then_events_flow_once_
             && held_back_metric(&app).await.unwrap_or(0.0) >= 1.0
     })
     .await;
-    assert_eq!(stream_len(&nats).await, 0, "nothing published while held back");
-    assert_eq!(app.api.get("/readyz").await.status(), 200, "shown, never a 503");
+    assert_eq!(
+        stream_len(&nats).await,
+        0,
+        "nothing published while held back"
+    );
+    assert_eq!(
+        app.api.get("/readyz").await.status(),
+        200,
+        "shown, never a 503"
+    );
 
     sqlx::query("COMMIT").execute(&mut idle).await.unwrap();
     wait_for(Duration::from_secs(30), || async {
@@ -92,8 +105,10 @@ async fn an_open_transaction_in_another_database_is_named_then_events_flow_once_
     })
     .await;
     drop(idle);
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE {other} WITH (FORCE)")))
-        .execute(&server)
-        .await
-        .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE {other} WITH (FORCE)"
+    )))
+    .execute(&server)
+    .await
+    .unwrap();
 }

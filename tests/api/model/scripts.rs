@@ -26,11 +26,12 @@ use redis::aio::ConnectionManager;
 use uuid::Uuid;
 
 use super::world::{World, CLAIM_NOW};
-use crate::helpers::REDIS_URL;
+use patient::patient_sku;
 
 mod check;
 mod ledger;
 mod life;
+mod patient;
 
 use check::Obs;
 
@@ -112,24 +113,6 @@ struct Driver {
     /// Answers and journal records seen, by kind (the run's summary).
     counts: BTreeMap<String, u64>,
     log: Vec<String>,
-}
-
-/// How long the model waits for one script's answer. The model has no fault of its own on
-/// this connection, so a slow answer (a loaded machine) is waited for, never counted as a
-/// failure: redis-rs's default of 500 ms once failed a run ("world 17 step 1227: timed out",
-/// `MODEL_SEED=13303507675807602579`, issue 37.6).
-const PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// A connection that waits [`PATIENCE`] for each answer, and the keys of a SKU under a fresh
-/// prefix.
-async fn patient_sku(sku: &str) -> (ConnectionManager, SkuKeys) {
-    let config = redis::aio::ConnectionManagerConfig::new().set_response_timeout(Some(PATIENCE));
-    let client = redis::Client::open(REDIS_URL).unwrap();
-    let con = ConnectionManager::new_with_config(client, config)
-        .await
-        .unwrap();
-    let prefix = format!("t{}", &Uuid::new_v4().simple().to_string()[..16]);
-    (con, SkuKeys::new(&prefix, sku))
 }
 
 async fn run_world(seed: u64, w: u64, steps: u64) -> Result<BTreeMap<String, u64>, String> {
