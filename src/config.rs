@@ -365,33 +365,3 @@ impl RawConfig {
         }
     }
 }
-
-impl RawConfig {
-    /// The token settings, their problems pushed onto `errors`.
-    fn token_config(
-        &self,
-        keys: Option<Vec<HmacKey>>,
-        errors: &mut Vec<String>,
-    ) -> Option<TokenConfig> {
-        let mut claim = |name: &str, raw: &Option<String>| match raw.as_deref() {
-            None => None,
-            Some(v) => tokens::check_claim_value(name, v)
-                .map_err(|e| errors.push(e))
-                .ok(),
-        };
-        let audience = claim(ENV_TOKEN_AUDIENCE, &self.token_audience);
-        let issuer = claim(ENV_TOKEN_ISSUER, &self.token_issuer);
-        let jwks = self.admission_jwks.as_deref().map(std::path::PathBuf::from);
-        if let Some(path) = &jwks {
-            if let Err(e) = tokens::check_jwks_file(path) {
-                errors.push(e);
-            }
-        }
-        Some(TokenConfig {
-            keys: keys?,
-            jwks,
-            audience,
-            issuer,
-        })
-    }
-}

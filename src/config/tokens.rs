@@ -7,7 +7,10 @@ use std::path::{Path, PathBuf};
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, PublicKeyUse};
 use jsonwebtoken::{Algorithm, DecodingKey};
 
-use super::{Secret, ENV_ADMISSION_JWKS, ENV_ADMISSION_SECRET, MIN_SECRET_BYTES};
+use super::{
+    RawConfig, Secret, ENV_ADMISSION_JWKS, ENV_ADMISSION_SECRET, ENV_TOKEN_AUDIENCE,
+    ENV_TOKEN_ISSUER, MIN_SECRET_BYTES,
+};
 
 /// More keys than this is a mistake, not a rotation (each key without a `kid` in a token is
 /// tried in turn).
@@ -207,4 +210,32 @@ pub fn check_claim_value(name: &str, raw: &str) -> Result<String, String> {
         ));
     }
     Ok(v.to_string())
+}
+
+impl RawConfig {
+    /// The token settings, their problems pushed onto `errors`.
+    pub(super) fn token_config(
+        &self,
+        keys: Option<Vec<HmacKey>>,
+        errors: &mut Vec<String>,
+    ) -> Option<TokenConfig> {
+        let mut claim = |name: &str, raw: &Option<String>| match raw.as_deref() {
+            None => None,
+            Some(v) => check_claim_value(name, v).map_err(|e| errors.push(e)).ok(),
+        };
+        let audience = claim(ENV_TOKEN_AUDIENCE, &self.token_audience);
+        let issuer = claim(ENV_TOKEN_ISSUER, &self.token_issuer);
+        let jwks = self.admission_jwks.as_deref().map(std::path::PathBuf::from);
+        if let Some(path) = &jwks {
+            if let Err(e) = check_jwks_file(path) {
+                errors.push(e);
+            }
+        }
+        Some(TokenConfig {
+            keys: keys?,
+            jwks,
+            audience,
+            issuer,
+        })
+    }
 }
