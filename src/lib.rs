@@ -23,7 +23,7 @@
 //!    - [`error`]: infrastructure errors per boundary, PostgreSQL's classified by SQLSTATE,
 //!      and an operator's refusals; [`config`]; [`startup`]: start-up failures said once,
 //!      without passwords, and their exit statuses; [`auth`]: admission and visitor tokens
-//!      (JWT HS256) and the admin token.
+//!      (JWTs: HS256 secrets by `kid`, public keys of a JWKS file) and the admin token.
 //!    - [`metrics`]: every metric's name, registered once, and their recorders; [`clock`]:
 //!      this gateway's milliseconds; [`pace`]: the retry pace of background loops
 //!      (exponential backoff); [`repeats`]: a background task's repeated warnings, logged

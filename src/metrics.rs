@@ -80,6 +80,8 @@ pub const OUTBOX_PUBLISHED: &str = "dropgate_outbox_published_total";
 pub const OUTBOX_DUPLICATES: &str = "dropgate_outbox_duplicates_total";
 pub const OUTBOX_LAG: &str = "dropgate_outbox_lag_seconds";
 pub const OUTBOX_PUBLISH_FAILURES: &str = "dropgate_outbox_publish_failures_total";
+/// Age of the open transaction the next claim event waits for (0: none); src/outbox/held_back.rs.
+pub const OUTBOX_HELD_BACK: &str = "dropgate_outbox_held_back_seconds";
 pub const SKU_UNWRITTEN: &str = "dropgate_sku_unwritten_entries";
 // The lifecycle's (src/lifecycle/): holds, their expiry, waitlist offers.
 pub const HOLDS: &str = "dropgate_holds_total";
@@ -316,6 +318,11 @@ pub fn sku_closed(sku: &SkuId, reason: Option<&str>) {
 pub fn outbox_backlog(events: i64, oldest: Option<f64>) {
     gauge!(OUTBOX_BACKLOG).set(events as f64);
     gauge!(OUTBOX_OLDEST).set(oldest.unwrap_or(0.0));
+}
+
+/// The age of the transaction the relay waits for (0 when it waits for none).
+pub fn outbox_held_back(seconds: f64) {
+    gauge!(OUTBOX_HELD_BACK).set(seconds);
 }
 
 /// Events acknowledged by JetStream and marked sent by this gateway's relay.

@@ -64,7 +64,7 @@ pub(super) async fn join(
 ) -> Result<Response<Body>> {
     let visitor = state
         .verifier
-        .visitor(header(req, AUTHORIZATION.as_str()))
+        .visitor(header(req, AUTHORIZATION.as_str()), Some(sku))
         .map_err(ApiError::Unauthorized)?;
     let sku = check_sku(sku)?;
     let entry = state
@@ -126,7 +126,7 @@ pub(super) async fn get_ticket(
         Some(
             state
                 .verifier
-                .visitor(auth)
+                .visitor(auth, None)
                 .map_err(ApiError::Unauthorized)?,
         )
     };
@@ -137,6 +137,11 @@ pub(super) async fn get_ticket(
         .ok_or(ApiError::UnknownTicket)?;
     // Another visitor's ticket is indistinguishable from a missing one.
     if let Some(v) = &visitor {
+        // A visitor token of another SKU reads no ticket of this one.
+        state
+            .verifier
+            .visitor(auth, Some(&entry.sku))
+            .map_err(ApiError::Unauthorized)?;
         if order::ticket_id(&state.secret, entry.id(), entry.tag, v) != ticket {
             return Err(ApiError::UnknownTicket);
         }
@@ -212,7 +217,7 @@ fn ticket_view<'a>(
     };
     let (token, expires) = match (ticket_state, visitor) {
         (TicketState::Admitted, Some(v)) => (
-            q::admission_token(&state.secret, entry.id(), v, ticket, r.admitted_ms, ttl).ok(),
+            q::admission_token(&state.signing, entry.id(), v, ticket, r.admitted_ms, ttl).ok(),
             chrono::DateTime::from_timestamp_millis(r.admitted_ms + i64::from(ttl) * 1000)
                 .map(|t| q::rfc3339(&t)),
         ),

@@ -279,14 +279,23 @@ struct Readiness {
     outbox: crate::outbox::OutboxReport,
 }
 
+/// Each of /readyz's probes answers within this, or counts as failed: a backend that hangs
+/// (a dropped database, a partition) makes the gateway unready at once, never a /readyz
+/// that does not answer (issue 37.6).
+const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(1000);
+
 pub(super) async fn readyz(state: &AppState) -> Response<Body> {
-    let (ping, policy, pg) =
-        tokio::join!(state.store.ping(), state.store.eviction_policy(), async {
-            sqlx::query("SELECT 1")
-                .execute(state.catalog.db())
-                .await
-                .map(|_| ())
-        });
+    let (ping, policy, pg) = tokio::join!(
+        tokio::time::timeout(PROBE_TIMEOUT, state.store.ping()),
+        tokio::time::timeout(PROBE_TIMEOUT, state.store.eviction_policy()),
+        tokio::time::timeout(
+            PROBE_TIMEOUT,
+            sqlx::query("SELECT 1").execute(state.catalog.db())
+        )
+    );
+    let ping = ping.map_err(drop).and_then(|r| r.map_err(drop));
+    let policy = policy.map_err(drop).and_then(|r| r.map_err(drop));
+    let pg = pg.map_err(drop).and_then(|r| r.map(drop).map_err(drop));
     // A scrape between two observer rounds sees what the last probe found.
     m::backends_up(Some(ping.is_ok()), Some(pg.is_ok()));
     let draining = state.is_draining();

@@ -185,6 +185,11 @@ fn outbox() {
         "Age of the oldest outbox event not yet published, in seconds (0 when none waits)"
     );
     gauge!(OUTBOX_OLDEST).set(0.0);
+    describe_gauge!(
+        OUTBOX_HELD_BACK,
+        "Age in seconds of the open transaction (any database of the PostgreSQL server) the next claim event waits for; 0 when none"
+    );
+    gauge!(OUTBOX_HELD_BACK).set(0.0);
     describe_counter!(
         OUTBOX_PUBLISHED,
         "Outbox events JetStream acknowledged and this gateway's relay marked sent"

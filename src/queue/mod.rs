@@ -21,7 +21,6 @@ use sqlx::postgres::PgRow;
 use sqlx::Row;
 
 use crate::auth::AdmissionClaims;
-use crate::config::Secret;
 use crate::sku::SkuId;
 use crate::status::TicketState;
 
@@ -117,8 +116,8 @@ pub fn rfc3339(t: &DateTime<Utc>) -> String {
 ///
 /// # Errors
 /// The signing error (does not happen with an HMAC key).
-pub fn admission_token(
-    secret: &Secret,
+pub fn admission_token<'a>(
+    secret: impl Into<crate::auth::Signer<'a>>,
     sku: &SkuId,
     visitor: &str,
     ticket: &uuid::Uuid,
