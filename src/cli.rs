@@ -69,7 +69,9 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u8).range(0..=100))]
     pub cancel_percent: u8,
     /// Run the drop behind a waiting room: buyers join the pre-queue, the seed is published
-    /// at the opening, the queue admits at --buyers/5 per second, the admitted claim
+    /// at the opening, the queue admits at --buyers/5 per second, the admitted claim with
+    /// their admission tokens; the summary says how many were admitted, won, and were told
+    /// sold out
     #[arg(long)]
     pub queue: bool,
     #[command(flatten)]

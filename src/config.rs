@@ -210,8 +210,15 @@ impl RawConfig {
     /// [`ConfigErrors`] listing each invalid or missing value.
     pub fn validate(&self) -> Result<Config, ConfigErrors> {
         let mut errors = Vec::new();
+        // Named as the operator gave it: clap prefers the flag, so a value other than the
+        // environment's came from `--listen`.
+        let listen_source = if std::env::var(ENV_LISTEN).ok().as_deref() == Some(&self.listen) {
+            format!("{ENV_LISTEN}={:?}", self.listen)
+        } else {
+            format!("--listen {:?}", self.listen)
+        };
         let listen = parse_listen(&self.listen)
-            .map_err(|e| errors.push(format!("{ENV_LISTEN}={:?}: {e}", self.listen)))
+            .map_err(|e| errors.push(format!("{listen_source}: {e}")))
             .ok();
         let redis_urls: Vec<&str> = self.redis_url.split(',').map(str::trim).collect();
         if redis_urls

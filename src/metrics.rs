@@ -108,6 +108,22 @@ pub const CLAIM_OUTCOMES: &[&str] = &[
 /// The `reason` label of [`SKU_CLOSED`]: Redis lost the SKU's state, or holds an older one.
 pub const CLOSED_REASONS: &[&str] = &["lost", "stale"];
 
+/// `dropgate_build_info{version}`: always 1, the build a gateway runs (Prometheus's
+/// `*_build_info` convention: join it on `instance` to see which version answered).
+pub const BUILD_INFO: &str = "dropgate_build_info";
+
+/// The process collector (`process_*`), described once with the other families.
+fn process_collector() -> &'static metrics_process::Collector {
+    static COLLECTOR: OnceLock<metrics_process::Collector> = OnceLock::new();
+    COLLECTOR.get_or_init(metrics_process::Collector::default)
+}
+
+/// The scrape: the process's own figures read now (from /proc), then every family.
+pub fn render(handle: &PrometheusHandle) -> String {
+    process_collector().collect();
+    handle.render()
+}
+
 /// Installs the process-wide recorder the first time; later calls (several apps in one test
 /// process) share it.
 pub fn handle() -> PrometheusHandle {

@@ -56,6 +56,19 @@ pub async fn reconcile(args: ReconcileArgs) -> anyhow::Result<bool> {
         }
         Err(e) => return Err(e.into()),
     };
+    if !views.is_empty() && views.iter().all(|v| v.remaining.is_none()) {
+        // Redis answered, yet holds nothing for any SKU of the catalog: a `?` on every row
+        // says less than the likely cause.
+        eprintln!(
+            "dropgate reconcile: no state exists under the key prefix \"{}\" in {}: not one of \
+             the catalog's {} SKU(s) has Redis state there. Is --key-prefix \
+             (DROPGATE_KEY_PREFIX) the gateways'? If it is, Redis lost the SKUs: restore them \
+             (docs/runbook.md).",
+            stores.key_prefix,
+            redact(&stores.redis_url),
+            views.len()
+        );
+    }
     let balanced = views.iter().all(|v| v.consistent);
     let table = crate::ledger::table(&views);
     let mut out = std::io::stdout().lock();

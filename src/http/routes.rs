@@ -325,7 +325,7 @@ pub(super) async fn readyz(state: &AppState) -> Response<Body> {
 }
 
 pub(super) fn metrics(state: &AppState) -> Response<Body> {
-    let mut resp = Response::new(full(Bytes::from(state.metrics.render())));
+    let mut resp = Response::new(full(Bytes::from(crate::metrics::render(&state.metrics))));
     resp.headers_mut().insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4"),

@@ -12,6 +12,13 @@ use super::*;
 /// per-SKU gauges appear with the first round of [`crate::observe`].
 pub(super) fn all() {
     lifecycle();
+    process_collector().describe();
+    process_collector().collect();
+    describe_gauge!(
+        BUILD_INFO,
+        "Always 1: the version of dropgate this gateway runs"
+    );
+    gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     describe_counter!(
         CLAIMS,
         "Claims answered, by outcome (decisions, and 429/503 answers)"
