@@ -57,6 +57,31 @@ pub(super) fn admitted_here(state: &AppState, entry: &Sku, buyer: &Buyer) -> Res
     }
 }
 
+/// The waitlist's check of a visitor token on a queued SKU: the visitor holds a ticket in
+/// this SKU's line or admitted set (read on the same fenced script as a poll), else 403
+/// `not_admitted` like any token the queue did not mint.
+pub(super) async fn has_ticket(state: &AppState, entry: &Sku, visitor: &str) -> Result<()> {
+    let ticket = order::ticket_id(&state.secret, entry.id(), entry.tag, visitor);
+    let keys = state.store.keys(&entry.sku);
+    let mut con = state.store.hot();
+    let report = state
+        .store
+        .bounded(calls::read(
+            &mut con,
+            &keys,
+            &ticket,
+            visitor,
+            state.store.floor(&entry.sku),
+        ))
+        .await
+        .map_err(read_error)?;
+    if report.state.is_some() {
+        Ok(())
+    } else {
+        Err(ApiError::NotAdmitted)
+    }
+}
+
 pub(super) async fn join(
     state: &AppState,
     sku: &str,
