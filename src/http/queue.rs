@@ -222,11 +222,6 @@ fn ticket_view<'a>(
     r: &'a Report,
 ) -> Option<TicketView<'a>> {
     let ticket_state = r.state?;
-    let ttl = entry
-        .queue
-        .0
-        .as_ref()
-        .map_or(0, |s| s.admission_ttl_seconds);
     let waiting = ticket_state == TicketState::Waiting;
     let position =
         matches!(ticket_state, TicketState::Waiting | TicketState::SoldOut).then_some(r.position);
@@ -237,9 +232,8 @@ fn ticket_view<'a>(
     };
     let (token, expires) = match (ticket_state, visitor) {
         (TicketState::Admitted, Some(v)) => (
-            q::admission_token(&state.secret, entry.id(), v, ticket, r.admitted_ms, ttl).ok(),
-            chrono::DateTime::from_timestamp_millis(r.admitted_ms + i64::from(ttl) * 1000)
-                .map(|t| q::rfc3339(&t)),
+            q::admission_token(&state.secret, entry.id(), v, ticket, r.expires_ms).ok(),
+            chrono::DateTime::from_timestamp_millis(r.expires_ms).map(|t| q::rfc3339(&t)),
         ),
         _ => (None, None),
     };
