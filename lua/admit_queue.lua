@@ -1,7 +1,7 @@
 -- admit_queue.lua: one round of a SKU's admissions (lib/queue.lua prepended), by the gateway
 -- holding the SKU's admission lease; or the release of that lease.
 --
--- KEYS[1..7] the queue keys (see lib/queue.lua)
+-- KEYS[1..8] the queue keys (see lib/queue.lua)
 -- ARGV[1]    the caller's owner token (one per gateway process)
 -- ARGV[2]    the lease, ms
 -- ARGV[3]    most tickets to admit in this round
@@ -60,13 +60,18 @@ local n = math.min(math.floor(credit), most, waiting)
 local admitted = 0
 if n > 0 then
   local popped = redis.call('ZPOPMIN', KEYS[2], n)
-  local add = {}
+  local exp = now + q_num(KEYS[1], 'ttl_ms')
+  local add, exps = {}, {}
   for i = 1, #popped, 2 do
     add[#add + 1] = now
     add[#add + 1] = popped[i]
+    exps[#exps + 1] = popped[i]
+    exps[#exps + 1] = exp
   end
   admitted = #popped / 2
   redis.call('ZADD', KEYS[3], unpack(add))
+  -- The token's expiry, fixed now: later ttl changes apply to later admissions only.
+  redis.call('HSET', KEYS[8], unpack(exps))
   redis.call('HINCRBY', KEYS[1], 'admitted_total', admitted)
   if q_num(KEYS[1], 'first_ms') == 0 then
     redis.call('HSET', KEYS[1], 'first_ms', now)

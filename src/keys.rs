@@ -296,8 +296,8 @@ impl SkuKeys {
 
     /// The waiting room's keys in the order its scripts take them as `KEYS[1..7]` (see
     /// `lua/lib/queue.lua`): its hash, the line, the admitted set, then the SKU's state,
-    /// waitlist, expiry set and per-user counts.
-    pub fn queue(&self) -> [String; 7] {
+    /// waitlist, expiry set and per-user counts, and the admissions' fixed expiries.
+    pub fn queue(&self) -> [String; 8] {
         [
             format!("{}q", self.head),
             format!("{}q:line", self.head),
@@ -306,6 +306,7 @@ impl SkuKeys {
             self.waitlist(),
             self.expiry(),
             self.users(),
+            format!("{}q:exp", self.head),
         ]
     }
 

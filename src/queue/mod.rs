@@ -111,8 +111,8 @@ pub fn rfc3339(t: &DateTime<Utc>) -> String {
 }
 
 /// The admission token of an admitted ticket: for this SKU and ticket only, valid until
-/// `admitted_ms` + the admission's ttl (reading the ticket again mints the same expiry, so
-/// polling never extends it).
+/// `expires_ms`, the expiry Redis fixed when it admitted the ticket (reading the ticket again
+/// mints the same expiry, so polling never extends it, and a ttl changed later leaves it).
 ///
 /// # Errors
 /// The signing error (does not happen with an HMAC key).
@@ -121,14 +121,13 @@ pub fn admission_token<'a>(
     sku: &SkuId,
     visitor: &str,
     ticket: &uuid::Uuid,
-    admitted_ms: i64,
-    ttl_seconds: i32,
+    expires_ms: i64,
 ) -> Result<String, jsonwebtoken::errors::Error> {
     crate::auth::sign(
         secret,
         &AdmissionClaims {
             sub: visitor.to_string(),
-            exp: (admitted_ms / 1000 + i64::from(ttl_seconds)).max(0) as u64,
+            exp: (expires_ms / 1000).max(0) as u64,
             sku: Some(sku.to_string()),
             scope: None,
             tid: Some(ticket.to_string()),
