@@ -31,7 +31,7 @@ use crate::store::Store;
 
 mod ledger_side;
 mod redis_side;
-pub use ledger_side::LedgerSums;
+pub use ledger_side::{books_drift, LedgerSums};
 use ledger_side::{backlog, ledger_side, Backlog};
 use redis_side::{acknowledged_between, given_back, ids, read_sides, unmoved};
 
