@@ -38,12 +38,15 @@ async fn the_kept_sums_follow_every_ledger_change_and_reconcile_flags_one_bypass
     let results = release_buyers(&app.api, "bk", users("b", 30)).await;
     assert_eq!(won_ids(&results).len(), 20);
     app.drained("bk").await;
-    let kept: (i64, i64) =
-        sqlx::query_as("SELECT recorded, held FROM sku_books WHERE sku = 'bk'")
-            .fetch_one(&app.db)
-            .await
-            .unwrap();
-    assert_eq!(kept, (20, 0), "20 live units, the 1,000 ended rows in no sum");
+    let kept: (i64, i64) = sqlx::query_as("SELECT recorded, held FROM sku_books WHERE sku = 'bk'")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(
+        kept,
+        (20, 0),
+        "20 live units, the 1,000 ended rows in no sum"
+    );
     // Changes by hand go through the triggers too.
     sqlx::query("UPDATE issuances SET status = 'held' WHERE sku = 'bk' AND status = 'issued'")
         .execute(&app.db)
@@ -81,7 +84,10 @@ async fn a_sku_with_a_long_history_reads_balanced_while_buyers_claim() {
     let app = spawn_app().await;
     app.declare("hist", 400, 1).await;
     ended_history(&app.db, "hist", 100_000).await;
-    sqlx::query("ANALYZE issuances").execute(&app.db).await.unwrap();
+    sqlx::query("ANALYZE issuances")
+        .execute(&app.db)
+        .await
+        .unwrap();
     let buyers = {
         let api = app.api.clone();
         tokio::spawn(async move {
@@ -100,8 +106,16 @@ async fn a_sku_with_a_long_history_reads_balanced_while_buyers_claim() {
         }
     }
     buyers.await.unwrap();
-    assert!(unbalanced.is_empty(), "{} of {views}: {:?}", unbalanced.len(), unbalanced.first());
+    assert!(
+        unbalanced.is_empty(),
+        "{} of {views}: {:?}",
+        unbalanced.len(),
+        unbalanced.first()
+    );
     let v = app.drained("hist").await;
-    assert_eq!(v["recorded"].as_i64().unwrap() + v["remaining"].as_i64().unwrap(), 400);
+    assert_eq!(
+        v["recorded"].as_i64().unwrap() + v["remaining"].as_i64().unwrap(),
+        400
+    );
     assert!(drift(&app.db).await.is_empty());
 }
