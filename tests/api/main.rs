@@ -53,6 +53,7 @@ mod shards_offers;
 mod shards_placement;
 mod shards_undersell;
 mod shards_waitlist;
+mod sku_books;
 mod soldout;
 mod stalls;
 mod tokens;
