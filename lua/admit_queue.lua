@@ -10,14 +10,17 @@
 --
 -- Returns {code, admitted, fence, waiting, now_ms}; code: 'lost' or 'stale' (fail closed: a
 -- state older than the floor is closed here and nobody is admitted), 'follower'
--- (another gateway holds the lease), 'released', 'not_open' (before opens_at), 'sold_out',
--- 'wait' (units may come back), 'ok' (this round admitted `admitted` tickets).
+-- (another gateway holds the lease), 'released', 'not_open' (before opens_at), 'closed' (at or
+-- after closes_at), 'sold_out', 'wait' (units may come back), 'ok' (this round admitted
+-- `admitted` tickets).
 --
 -- Invariant (I4): a ticket is admitted once: taken from the line's head and put in the
 -- admitted set in this one atomic step, only by the lease's holder. The lease is checked and
 -- renewed here, on Redis's clock, so a gateway that lost it (paused, partitioned, killed and
 -- restarted) admits nothing more; a new holder takes the next fence and restarts the schedule.
--- Admissions follow `rate` per second of Redis's clock, at most a second's worth at once.
+-- Admissions follow `rate` per second of Redis's clock, at most a second's worth at once; none
+-- at or after closes_at, on the same clock as claim.lua's sale window (an admission then would
+-- mint a token no claim can use).
 local me, lease, most = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = q_now()
 local unfit = q_unfit(ARGV[5])
@@ -49,6 +52,9 @@ local function idle(code)
 end
 if now < q_num(KEYS[4], 'opens_ms') then
   return idle('not_open')
+end
+if q_closed(now) then
+  return idle('closed')
 end
 local supply = q_supply()
 if supply ~= 'open' then

@@ -31,8 +31,7 @@ end
 if n > tonumber(ARGV[3]) then
   return {'overloaded', redis.call('PTTL', KEYS[9])}
 end
-local closes = q_num(KEYS[4], 'closes_ms')
-if closes > 0 and now >= closes then
+if q_closed(now) then
   return {'closed'}
 end
 local created = 0

@@ -46,6 +46,12 @@ local function q_num(key, field)
   return tonumber(redis.call('HGET', key, field) or '0') or 0
 end
 
+-- Whether the sale window has closed at `now` (closes_ms, Redis's clock, as claim.lua reads it).
+local function q_closed(now)
+  local closes = q_num(KEYS[4], 'closes_ms')
+  return closes > 0 and now >= closes
+end
+
 -- What the SKU can give the line now: 'open' (units, nobody on the waitlist), 'sold_out' (no
 -- units, and no hold that could give some back), 'wait' (no open units yet, some may come
 -- back: a hold, or a waitlist served first).
@@ -65,8 +71,8 @@ end
 
 -- One ticket as its visitor sees it at `now`, with what the ETA needs:
 -- {state, position, admitted_ms, now, opens_ms, rate, recent, window_ms, waiting, expires_ms}
--- state: 'admitted' | 'expired' | 'prequeue' | 'waiting' | 'sold_out' | 'none' (no such
--- ticket); `recent` admissions happened in the last `window_ms` (the achieved rate).
+-- state: 'admitted' | 'expired' | 'prequeue' | 'waiting' | 'sold_out' | 'closed' (in line at
+-- or after closes_at: nobody is admitted any more) | 'none' (no such ticket); `recent` admissions happened in the last `window_ms` (the achieved rate).
 -- An admission's expiry is the one fixed when it was made (KEYS[8]): a later change of
 -- ttl_ms never shortens or lengthens it, so on Redis's clock admitted turns expired once.
 local function q_report(ticket, user, now)
@@ -95,7 +101,9 @@ local function q_report(ticket, user, now)
   else
     local rank = redis.call('ZRANK', KEYS[2], ticket)
     if rank then
-      if now < opens then
+      if q_closed(now) then
+        state = 'closed'
+      elseif now < opens then
         state = 'prequeue'
       else
         position = rank + 1

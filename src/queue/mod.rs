@@ -163,6 +163,6 @@ pub fn poll_after_ms(state: TicketState, position: i64, eta: Option<i64>) -> u64
             _ => 3000,
         },
         TicketState::Prequeue | TicketState::SoldOut => 2000,
-        TicketState::Admitted | TicketState::Expired => 5000,
+        TicketState::Admitted | TicketState::Expired | TicketState::Closed => 5000,
     }
 }

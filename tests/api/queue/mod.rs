@@ -4,6 +4,7 @@
 //! the whole line, failing closed, and the waiting page in Chromium.
 
 mod admission;
+mod closing;
 mod cluster;
 mod core;
 mod fairness;
