@@ -37,6 +37,7 @@ BEGIN
     RETURN NEW;
 END $$;
 
+-- Only rows that carry seats call the function: a general-admission winner pays nothing.
 CREATE TRIGGER issuance_seats_keep
     AFTER INSERT OR UPDATE OF status ON issuances
-    FOR EACH ROW EXECUTE FUNCTION issuance_seats_keep();
+    FOR EACH ROW WHEN (NEW.seats IS NOT NULL) EXECUTE FUNCTION issuance_seats_keep();

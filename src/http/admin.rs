@@ -239,6 +239,12 @@ pub(super) async fn restock(
     let sku_row = catalog::fetch(state.catalog.db(), sku)
         .await?
         .ok_or(ApiError::UnknownSku)?;
+    if sku_row.seats.is_some() {
+        // A seated SKU's total is its seat plan: a restock would add units no seat carries.
+        return Err(ApiError::BadRequest(
+            "a seated SKU's total is its seat plan and is not restocked".into(),
+        ));
+    }
     if sku_row.total.saturating_add(delta) > MAX_UNITS {
         return Err(ApiError::BadRequest(format!(
             "the total would pass {MAX_UNITS} (it is {})",

@@ -200,3 +200,30 @@ async fn postgres_refuses_a_seat_held_by_two_live_claims() {
         .unwrap();
     insert("A-1-1").await.unwrap();
 }
+
+/// Until the claim route serves seats (docs/seats.md, "Not built yet"), a count claim or a
+/// restock on a seated SKU is refused and moves nothing: a unit sold without a seat would
+/// leave the seat map and the stock telling two stories.
+#[tokio::test]
+async fn a_count_claim_or_a_restock_on_a_seated_sku_is_refused_and_moves_nothing() {
+    let app = spawn_app().await;
+    let plan = json!({"sections": [{"name": "A", "rows": 2, "count": 5}]});
+    assert_eq!(declare_seated(&app, "guarded", plan).await.status(), 201);
+    let r = app.claim("guarded", "u1", 1, None).await;
+    assert_eq!(r.status(), 400);
+    assert_eq!(code(&r.json().await.unwrap()), "bad_request");
+    let r = app.restock("guarded", 3).await;
+    assert_eq!(r.status(), 400);
+    assert_eq!(app.probe.stock("guarded").await, Some(10));
+    assert_eq!(seat_map(&app, "guarded").await, vec![0u8; 2]);
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM issuances WHERE sku = 'guarded'")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0);
+    let total: i64 = sqlx::query_scalar("SELECT total FROM skus WHERE sku = 'guarded'")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(total, 10);
+}
