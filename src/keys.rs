@@ -178,6 +178,11 @@ impl SkuKeys {
         key.strip_prefix(head)?.strip_suffix("}:state")
     }
 
+    /// A seated SKU's seat map: one bit per seat, 1 = sold or held (docs/seats.md).
+    pub fn seats(&self) -> String {
+        format!("{}seats", self.head)
+    }
+
     /// Hash of user id to units held.
     pub fn users(&self) -> String {
         format!("{}users", self.head)

@@ -46,6 +46,7 @@ mod restock;
 mod rollback;
 mod scope;
 mod script_findings;
+mod seats;
 mod services;
 mod shards;
 mod shards_fifo;
