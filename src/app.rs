@@ -112,8 +112,7 @@ impl Application {
         let sold_out = Arc::new(SoldOut::new(config.sold_out_trust));
         let state = Arc::new(AppState {
             catalog: Catalog::new(requests_db),
-            verifier: Verifier::from_config(&config.tokens, config.admin_token.clone())
-                .map_err(anyhow::Error::msg)?,
+            verifier: Verifier::new(&config.admission_secret, config.admin_token.clone()),
             claims: ClaimService::new(
                 store.clone(),
                 config.coalesce,
@@ -128,8 +127,7 @@ impl Application {
             live: Live::default(),
             store: store.clone(),
             draining: AtomicBool::new(false),
-            secret: config.tokens.ticket_secret().clone(),
-            signing: config.tokens.signing().clone(),
+            secret: config.admission_secret.clone(),
             ticket_tags: dashmap::DashMap::new(),
         });
         let writer = Writer::new(

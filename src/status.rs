@@ -61,8 +61,6 @@ pub enum TicketState {
     SoldOut,
     /// Admitted, and not used within the admission's ttl.
     Expired,
-    /// In the line at or after `closes_at` (Redis's clock): nobody is admitted any more.
-    Closed,
 }
 
 /// The status string is none of the lifecycle's.
@@ -226,7 +224,6 @@ status_enum!(TicketState, TICKET_STEPS, [
     Admitted => "admitted",
     SoldOut => "sold_out",
     Expired => "expired",
-    Closed => "closed",
 ]);
 
 impl TicketState {
@@ -235,10 +232,7 @@ impl TicketState {
     pub fn in_line(self) -> bool {
         matches!(
             self,
-            TicketState::Prequeue
-                | TicketState::Waiting
-                | TicketState::SoldOut
-                | TicketState::Closed
+            TicketState::Prequeue | TicketState::Waiting | TicketState::SoldOut
         )
     }
 }

@@ -21,6 +21,7 @@ use sqlx::postgres::PgRow;
 use sqlx::Row;
 
 use crate::auth::AdmissionClaims;
+use crate::config::Secret;
 use crate::sku::SkuId;
 use crate::status::TicketState;
 
@@ -111,23 +112,24 @@ pub fn rfc3339(t: &DateTime<Utc>) -> String {
 }
 
 /// The admission token of an admitted ticket: for this SKU and ticket only, valid until
-/// `expires_ms`, the expiry Redis fixed when it admitted the ticket (reading the ticket again
-/// mints the same expiry, so polling never extends it, and a ttl changed later leaves it).
+/// `admitted_ms` + the admission's ttl (reading the ticket again mints the same expiry, so
+/// polling never extends it).
 ///
 /// # Errors
 /// The signing error (does not happen with an HMAC key).
-pub fn admission_token<'a>(
-    secret: impl Into<crate::auth::Signer<'a>>,
+pub fn admission_token(
+    secret: &Secret,
     sku: &SkuId,
     visitor: &str,
     ticket: &uuid::Uuid,
-    expires_ms: i64,
+    admitted_ms: i64,
+    ttl_seconds: i32,
 ) -> Result<String, jsonwebtoken::errors::Error> {
     crate::auth::sign(
         secret,
         &AdmissionClaims {
             sub: visitor.to_string(),
-            exp: (expires_ms / 1000).max(0) as u64,
+            exp: (admitted_ms / 1000 + i64::from(ttl_seconds)).max(0) as u64,
             sku: Some(sku.to_string()),
             scope: None,
             tid: Some(ticket.to_string()),
@@ -163,6 +165,6 @@ pub fn poll_after_ms(state: TicketState, position: i64, eta: Option<i64>) -> u64
             _ => 3000,
         },
         TicketState::Prequeue | TicketState::SoldOut => 2000,
-        TicketState::Admitted | TicketState::Expired | TicketState::Closed => 5000,
+        TicketState::Admitted | TicketState::Expired => 5000,
     }
 }

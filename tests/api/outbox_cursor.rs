@@ -27,7 +27,6 @@ fn winner(sku: &str, user: &str) -> Winner {
         seq: 1,
         expires_ms: None,
         offer: false,
-        seats: None,
     }
 }
 
