@@ -11,7 +11,7 @@
 //! cargo bench --bench claim_path -- redis_connection  # one group
 //! ```
 //!
-//! Groups (ids are stable; `benches/compare.py` compares them against a saved baseline):
+//! Groups (ids are stable; criterion's `--save-baseline`/`--baseline` and `critcmp` compare them):
 //! - `redis_connection/{connection_manager, bb8_pool/max64, bb8_pool_no_ping/max64,
 //!   bb8_pool/max8}`: [`CONCURRENCY`] one-claim script calls in flight per iteration, each in
 //!   its own task as each request is in the server; throughput in claims.

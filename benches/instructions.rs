@@ -5,10 +5,10 @@
 //! ```text
 //! cargo install gungraun-runner --version 0.20.0   # once; the runner must match the crate
 //! cargo bench --bench instructions
-//! python3 benches/compare.py compare main           # with criterion, against a baseline
+//! cargo bench --bench instructions -- --baseline=main  # against gungraun's saved baseline
 //! ```
 //!
-//! Benchmarks (ids are stable; `benches/compare.py` compares them against a saved baseline):
+//! Benchmarks (ids are stable; gungraun's `--save-baseline`/`--baseline` compare them):
 //! - `token::verify_{valid, valid_again, bad_signature}`: `Verifier::buyer` on a minted
 //!   admission token (`valid_again`: verified once before, as a buyer's retry is).
 //! - `body::decode_{typical, empty}`: `http::claim_quantity` on a claim body.

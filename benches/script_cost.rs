@@ -19,6 +19,8 @@
 //! SCRIPT_COST_CALLS=400 cargo bench --bench script_cost     # calls per case (default 200)
 //! SCRIPT_COST_KEEP=1 cargo bench --bench script_cost   # keep the dumps for callgrind_annotate
 //! SCRIPT_COST_REDIS=/path/to/redis-server cargo bench --bench script_cost  # another build
+//! SCRIPT_COST_MODES=script SCRIPT_COST_TIMED=0 SCRIPT_COST_JSON=out.json \
+//!     cargo test --bench script_cost -- --bench   # CI's gate: EVALSHA only, as JSON
 //! ```
 //!
 //! Cases (`<terms>/<claims per call>`; every claim of one unit, by the next of 5,000 buyers in a
@@ -106,6 +108,10 @@ fn main() {
         2
     };
     let callgrind = bench && std::env::var("SCRIPT_COST_CALLGRIND").map_or(true, |v| v != "0");
+    // CI's gate (benches/baselines/README.md) counts only inside EVALSHA and skips the wall
+    // times: callgrind's two passes and the timed one take three minutes, one pass about one.
+    let modes = std::env::var("SCRIPT_COST_MODES").unwrap_or_else(|_| "script,request".into());
+    let timed = std::env::var("SCRIPT_COST_TIMED").map_or(true, |v| v != "0");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -115,11 +121,14 @@ fn main() {
         .map(|c| (c.name, None, None, String::new()))
         .collect();
     if callgrind {
-        for (mode, col) in [(Mode::Script, 1), (Mode::Request, 2)] {
+        for (mode, col) in [(Mode::Script, "script"), (Mode::Request, "request")] {
+            if !modes.split(',').any(|m| m.trim() == col) {
+                continue;
+            }
             let server = Server::start(mode);
             for (i, case) in CASES.iter().enumerate() {
                 let n = rt.block_on(server.instructions(case, calls));
-                if col == 1 {
+                if mode == Mode::Script {
                     rows[i].1 = Some(n);
                 } else {
                     rows[i].2 = Some(n);
@@ -127,9 +136,11 @@ fn main() {
             }
         }
     }
-    let server = Server::start(Mode::Time);
-    for (i, case) in CASES.iter().enumerate() {
-        rows[i].3 = rt.block_on(server.timed(case, calls * 10));
+    if timed || !callgrind {
+        let server = Server::start(Mode::Time);
+        for (i, case) in CASES.iter().enumerate() {
+            rows[i].3 = rt.block_on(server.timed(case, calls * 10));
+        }
     }
     println!(
         "claim.lua per claim ({calls} calls a case under callgrind, {} timed):",
@@ -139,10 +150,45 @@ fn main() {
         "{:<10} {:>16} {:>16}  microseconds (INFO commandstats, used_cpu)",
         "case", "instr in EVALSHA", "instr request"
     );
-    for (name, script, request, timed) in rows {
-        let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
+    for (name, script, request, timed) in &rows {
+        let f = |v: &Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
         println!("{name:<10} {:>16} {:>16}  {timed}", f(script), f(request));
     }
+    if let Some(path) = std::env::var_os("SCRIPT_COST_JSON") {
+        write_json(Path::new(&path), calls, &rows);
+    }
+}
+
+/// The instruction counts as the gate reads them (`tools/benchgate`): per case, the count
+/// inside EVALSHA and for the whole request, each present only when measured.
+fn write_json(path: &Path, calls: usize, rows: &[(&str, Option<f64>, Option<f64>, String)]) {
+    let cases: serde_json::Map<String, serde_json::Value> = rows
+        .iter()
+        .map(|(name, script, request, _)| {
+            let mut m = serde_json::Map::new();
+            if let Some(v) = script {
+                m.insert("evalsha".into(), (v.round() as u64).into());
+            }
+            if let Some(v) = request {
+                m.insert("request".into(), (v.round() as u64).into());
+            }
+            (name.to_string(), m.into())
+        })
+        .collect();
+    let version = Command::new(redis_server())
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let doc = serde_json::json!({
+        "bench": "script_cost",
+        "unit": "instructions per claim",
+        "calls": calls,
+        "redis": version,
+        "cases": cases,
+    });
+    let text = serde_json::to_string_pretty(&doc).expect("json") + "\n";
+    std::fs::write(path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
 }
 
 /// `SCRIPT_COST_REDIS`, or `redis-server` on the PATH (a build with symbols names Lua's own

@@ -52,6 +52,7 @@ fn winners(n: usize) -> Vec<Winner> {
                 seq: seq as i64,
                 expires_ms: None,
                 offer: false,
+                seats: None,
             }
         })
         .collect()

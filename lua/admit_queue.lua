@@ -1,7 +1,7 @@
 -- admit_queue.lua: one round of a SKU's admissions (lib/queue.lua prepended), by the gateway
 -- holding the SKU's admission lease; or the release of that lease.
 --
--- KEYS[1..7] the queue keys (see lib/queue.lua)
+-- KEYS[1..8] the queue keys (see lib/queue.lua)
 -- ARGV[1]    the caller's owner token (one per gateway process)
 -- ARGV[2]    the lease, ms
 -- ARGV[3]    most tickets to admit in this round
@@ -10,14 +10,17 @@
 --
 -- Returns {code, admitted, fence, waiting, now_ms}; code: 'lost' or 'stale' (fail closed: a
 -- state older than the floor is closed here and nobody is admitted), 'follower'
--- (another gateway holds the lease), 'released', 'not_open' (before opens_at), 'sold_out',
--- 'wait' (units may come back), 'ok' (this round admitted `admitted` tickets).
+-- (another gateway holds the lease), 'released', 'not_open' (before opens_at), 'closed' (at or
+-- after closes_at), 'sold_out', 'wait' (units may come back), 'ok' (this round admitted
+-- `admitted` tickets).
 --
 -- Invariant (I4): a ticket is admitted once: taken from the line's head and put in the
 -- admitted set in this one atomic step, only by the lease's holder. The lease is checked and
 -- renewed here, on Redis's clock, so a gateway that lost it (paused, partitioned, killed and
 -- restarted) admits nothing more; a new holder takes the next fence and restarts the schedule.
--- Admissions follow `rate` per second of Redis's clock, at most a second's worth at once.
+-- Admissions follow `rate` per second of Redis's clock, at most a second's worth at once; none
+-- at or after closes_at, on the same clock as claim.lua's sale window (an admission then would
+-- mint a token no claim can use).
 local me, lease, most = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = q_now()
 local unfit = q_unfit(ARGV[5])
@@ -50,6 +53,9 @@ end
 if now < q_num(KEYS[4], 'opens_ms') then
   return idle('not_open')
 end
+if q_closed(now) then
+  return idle('closed')
+end
 local supply = q_supply()
 if supply ~= 'open' then
   return idle(supply)
@@ -60,13 +66,18 @@ local n = math.min(math.floor(credit), most, waiting)
 local admitted = 0
 if n > 0 then
   local popped = redis.call('ZPOPMIN', KEYS[2], n)
-  local add = {}
+  local exp = now + q_num(KEYS[1], 'ttl_ms')
+  local add, exps = {}, {}
   for i = 1, #popped, 2 do
     add[#add + 1] = now
     add[#add + 1] = popped[i]
+    exps[#exps + 1] = popped[i]
+    exps[#exps + 1] = exp
   end
   admitted = #popped / 2
   redis.call('ZADD', KEYS[3], unpack(add))
+  -- The token's expiry, fixed now: later ttl changes apply to later admissions only.
+  redis.call('HSET', KEYS[8], unpack(exps))
   redis.call('HINCRBY', KEYS[1], 'admitted_total', admitted)
   if q_num(KEYS[1], 'first_ms') == 0 then
     redis.call('HSET', KEYS[1], 'first_ms', now)

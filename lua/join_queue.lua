@@ -1,7 +1,7 @@
 -- join_queue.lua: a visitor joins a SKU's waiting room, once (lib/queue.lua prepended).
 --
--- KEYS[1..7] the queue keys (see lib/queue.lua)
--- KEYS[8]    the visitor's join counter (expires with its window)
+-- KEYS[1..8] the queue keys (see lib/queue.lua)
+-- KEYS[9]    the visitor's join counter (expires with its window)
 -- ARGV[1]    the ticket (16 raw bytes: a function of the secret, the SKU and the visitor, so
 --            the same visitor always names the same ticket)
 -- ARGV[2]    the ticket's pre-queue order (its shuffle key from the committed seed, < 2^52)
@@ -24,15 +24,14 @@ local unfit = q_unfit(ARGV[6])
 if unfit then
   return {unfit}
 end
-local n = redis.call('INCR', KEYS[8])
+local n = redis.call('INCR', KEYS[9])
 if n == 1 then
-  redis.call('PEXPIRE', KEYS[8], tonumber(ARGV[4]))
+  redis.call('PEXPIRE', KEYS[9], tonumber(ARGV[4]))
 end
 if n > tonumber(ARGV[3]) then
-  return {'overloaded', redis.call('PTTL', KEYS[8])}
+  return {'overloaded', redis.call('PTTL', KEYS[9])}
 end
-local closes = q_num(KEYS[4], 'closes_ms')
-if closes > 0 and now >= closes then
+if q_closed(now) then
   return {'closed'}
 end
 local created = 0

@@ -112,7 +112,8 @@ impl Application {
         let sold_out = Arc::new(SoldOut::new(config.sold_out_trust));
         let state = Arc::new(AppState {
             catalog: Catalog::new(requests_db),
-            verifier: Verifier::new(&config.admission_secret, config.admin_token.clone()),
+            verifier: Verifier::from_config(&config.tokens, config.admin_token.clone())
+                .map_err(anyhow::Error::msg)?,
             claims: ClaimService::new(
                 store.clone(),
                 config.coalesce,
@@ -127,7 +128,8 @@ impl Application {
             live: Live::default(),
             store: store.clone(),
             draining: AtomicBool::new(false),
-            secret: config.admission_secret.clone(),
+            secret: config.tokens.ticket_secret().clone(),
+            signing: config.tokens.signing().clone(),
             ticket_tags: dashmap::DashMap::new(),
         });
         let writer = Writer::new(

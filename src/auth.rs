@@ -1,12 +1,15 @@
-//! Identity: admission tokens (JWT HS256, minted by the waiting room) and the admin token.
+//! Identity: admission tokens (JWTs minted by the waiting room or an identity provider),
+//! visitor tokens, and the admin token (docs/tokens.md).
 
-use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
 
-use crate::config::Secret;
+use crate::config::{HmacKey, Secret, TokenConfig};
 
+mod keys;
 mod verified;
+use keys::Keyring;
 use verified::{Verified, VerifiedTokens};
 
 /// The claims of an admission token.
@@ -19,7 +22,10 @@ pub struct AdmissionClaims {
     /// When present, the token is valid for this SKU only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sku: Option<String>,
-    /// `"queue"` on a visitor token: it joins and reads a waiting room, and buys nothing.
+    /// An OAuth scope list (space-separated): a token whose list holds `queue` is a visitor
+    /// token (it joins and reads a waiting room, and buys nothing); any other is an admission
+    /// token. `iat`, `jti`, `aud`, `iss`, `nbf` and unknown claims are not kept here: the
+    /// validation reads what it checks from the token itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<String>,
     /// The waiting-room ticket that admitted the buyer: set only on the tokens a queue mints
@@ -28,8 +34,13 @@ pub struct AdmissionClaims {
     pub tid: Option<String>,
 }
 
-/// The `scope` of a visitor token.
+/// The scope that makes a token a visitor token.
 pub const VISITOR_SCOPE: &str = "queue";
+
+/// Whether an OAuth scope list (RFC 8693 4.2: space-separated) holds the visitor scope.
+pub fn is_visitor_scope(scope: Option<&str>) -> bool {
+    scope.is_some_and(|s| s.split(' ').any(|one| one == VISITOR_SCOPE))
+}
 
 /// Why a token was refused; every variant answers 401 `unauthorized`, and its text is the
 /// problem's `detail` (and the `error_description` of `WWW-Authenticate`), so a client can
@@ -38,12 +49,24 @@ pub const VISITOR_SCOPE: &str = "queue";
 pub enum AuthError {
     #[error("no bearer token: send Authorization: Bearer <token>")]
     Missing,
-    #[error("the bearer token is not a well-formed HS256 JWT with a valid sub and exp")]
+    #[error("the bearer token is not a well-formed JWT with a valid sub and exp")]
     Malformed,
     #[error("the token has expired: get a new one")]
     Expired,
     #[error("the token's signature does not verify: it was not signed with this gateway's secret")]
     BadSignature,
+    #[error("the token is not valid yet (nbf): use it from its start time on")]
+    NotYetValid,
+    #[error("the token's aud is missing or does not name this gateway (DROPGATE_TOKEN_AUDIENCE)")]
+    WrongAudience,
+    #[error("the token's iss is missing or is not this gateway's issuer (DROPGATE_TOKEN_ISSUER)")]
+    WrongIssuer,
+    /// A `kid` the gateway has no key of (of the token's algorithm).
+    #[error("the token's kid names no key of this gateway")]
+    UnknownKey,
+    /// An `alg` the gateway takes no token of (`none` among them).
+    #[error("the token's alg is not one this gateway accepts (HS256; EdDSA, ES256 or RS256 with a JWKS)")]
+    UnsupportedAlgorithm,
     #[error("the token is for another SKU")]
     WrongSku,
     #[error("the bearer token is not the admin token")]
@@ -54,7 +77,7 @@ pub enum AuthError {
     #[error("a visitor token only joins and reads a waiting room: claims need an admission token")]
     VisitorToken,
     /// An admission token on a waiting room's routes, which take a visitor token.
-    #[error("the waiting room takes a visitor token (\"scope\": \"queue\")")]
+    #[error("the waiting room takes a visitor token (\"queue\" in its scope)")]
     NotVisitor,
 }
 
@@ -63,17 +86,6 @@ impl AuthError {
     /// code in its challenge.
     pub fn had_credentials(self) -> bool {
         self != AuthError::Missing
-    }
-}
-
-impl From<&jsonwebtoken::errors::Error> for AuthError {
-    fn from(e: &jsonwebtoken::errors::Error) -> Self {
-        use jsonwebtoken::errors::ErrorKind as K;
-        match e.kind() {
-            K::ExpiredSignature => AuthError::Expired,
-            K::InvalidSignature => AuthError::BadSignature,
-            _ => AuthError::Malformed,
-        }
     }
 }
 
@@ -95,10 +107,16 @@ impl Buyer {
     }
 }
 
+/// A visitor whose token verified: who, and the SKU whose queue alone it may join.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Visitor {
+    pub user: String,
+    pub sku: Option<String>,
+}
+
 /// Verifies admission tokens; built once, shared by every request.
 pub struct Verifier {
-    key: DecodingKey,
-    validation: Validation,
+    keys: Keyring,
     admin: Option<Secret>,
     /// Tokens that verified, so a buyer's next attempt skips the HMAC and JSON (the largest
     /// share of the gateway's own CPU per claim after HTTP itself; docs/performance.md).
@@ -106,17 +124,28 @@ pub struct Verifier {
 }
 
 impl Verifier {
+    /// One secret, no kid, no JWKS, no audience or issuer (tests and benches).
     pub fn new(secret: &Secret, admin: Option<Secret>) -> Self {
-        let mut validation = Validation::new(Algorithm::HS256);
-        validation.set_required_spec_claims(&["exp", "sub"]);
-        validation.leeway = 0;
-        Verifier {
-            key: DecodingKey::from_secret(secret.expose().as_bytes())
-                .expect("config validation guarantees a non-empty HMAC secret"),
-            validation,
+        let tokens = TokenConfig {
+            keys: vec![HmacKey {
+                kid: None,
+                secret: secret.clone(),
+            }],
+            jwks: None,
+            audience: None,
+            issuer: None,
+        };
+        Self::from_config(&tokens, admin).expect("no JWKS file to read")
+    }
+
+    /// # Errors
+    /// The JWKS file cannot be read or holds no usable key.
+    pub fn from_config(tokens: &TokenConfig, admin: Option<Secret>) -> Result<Self, String> {
+        Ok(Verifier {
+            keys: Keyring::new(tokens)?,
             admin,
             verified: VerifiedTokens::new(),
-        }
+        })
     }
 
     /// Verifies a buyer's token for a request about `sku` (when the path names one): a
@@ -142,17 +171,21 @@ impl Verifier {
         }
     }
 
-    /// Verifies a visitor token (`"scope": "queue"`): the visitor's id.
+    /// Verifies a visitor token (`queue` in its scope) for a request about `sku` (when
+    /// known): the visitor's id. A visitor token carrying `sku` is for that SKU's queue only.
     ///
     /// # Errors
-    /// [`AuthError::NotVisitor`] for a token without that scope; otherwise as
-    /// [`Verifier::identify`].
-    pub fn visitor(&self, header: Option<&str>) -> Result<String, AuthError> {
+    /// [`AuthError::NotVisitor`] for a token without that scope, [`AuthError::WrongSku`] for
+    /// a token of another SKU; otherwise as [`Verifier::identify`].
+    pub fn visitor(&self, header: Option<&str>, sku: Option<&str>) -> Result<String, AuthError> {
         let v = self.verify(header)?;
-        if v.scope.as_deref() != Some(VISITOR_SCOPE) {
+        if !is_visitor_scope(v.scope.as_deref()) {
             return Err(AuthError::NotVisitor);
         }
-        Ok(v.sub)
+        match (sku, v.sku.as_deref()) {
+            (Some(asked), Some(own)) if asked != own => Err(AuthError::WrongSku),
+            _ => Ok(v.sub),
+        }
     }
 
     /// Verifies a buyer's token: who it is and the SKU it is limited to, for a route that
@@ -164,7 +197,7 @@ impl Verifier {
         let claims = self.verify(header)?;
         // A visitor token buys nothing: it is minted for every visitor of a waiting room,
         // admitted or not, so taking it here would let the whole line past the queue.
-        if claims.scope.is_some() {
+        if is_visitor_scope(claims.scope.as_deref()) {
             return Err(AuthError::VisitorToken);
         }
         Ok(Buyer {
@@ -178,13 +211,15 @@ impl Verifier {
     fn verify(&self, header: Option<&str>) -> Result<Verified, AuthError> {
         let token = bearer(header).ok_or(AuthError::Missing)?;
         let now = jsonwebtoken::get_current_timestamp();
-        let claims = match self.verified.get(token, now) {
+        // A token verified under JWKS keys the file has changed since is checked again.
+        let claims = match self
+            .verified
+            .get(token, now)
+            .filter(|v| v.generation == 0 || v.generation == self.keys.jwks_generation())
+        {
             Some(v) => v,
             None => {
-                let data =
-                    jsonwebtoken::decode::<AdmissionClaims>(token, &self.key, &self.validation)
-                        .map_err(|e| AuthError::from(&e))?;
-                let c = data.claims;
+                let (c, generation) = self.keys.check(token)?;
                 if !valid_user_id(&c.sub) {
                     return Err(AuthError::Malformed);
                 }
@@ -194,6 +229,7 @@ impl Verifier {
                     sku: c.sku,
                     scope: c.scope,
                     tid: c.tid,
+                    generation,
                 };
                 self.verified.insert(token, v.clone());
                 v
@@ -247,8 +283,8 @@ fn bearer(header: Option<&str>) -> Option<&str> {
 ///
 /// # Errors
 /// The signing error (does not happen with an HMAC key).
-pub fn mint(
-    secret: &Secret,
+pub fn mint<'a>(
+    secret: impl Into<Signer<'a>>,
     user: &str,
     sku: Option<&str>,
     ttl_secs: u64,
@@ -270,8 +306,8 @@ pub fn mint(
 ///
 /// # Errors
 /// The signing error (does not happen with an HMAC key).
-pub fn mint_visitor(
-    secret: &Secret,
+pub fn mint_visitor<'a>(
+    secret: impl Into<Signer<'a>>,
     user: &str,
     ttl_secs: u64,
 ) -> Result<String, jsonwebtoken::errors::Error> {
@@ -287,105 +323,47 @@ pub fn mint_visitor(
     )
 }
 
-/// Signs `claims` with the admission secret.
+/// An HS256 key to sign with: a bare secret, or a configured key whose `kid` goes into the
+/// header (so gateways holding several secrets check the token with that one only).
+#[derive(Clone, Copy)]
+pub struct Signer<'a> {
+    kid: Option<&'a str>,
+    secret: &'a Secret,
+}
+
+impl<'a> From<&'a Secret> for Signer<'a> {
+    fn from(secret: &'a Secret) -> Self {
+        Signer { kid: None, secret }
+    }
+}
+
+impl<'a> From<&'a HmacKey> for Signer<'a> {
+    fn from(key: &'a HmacKey) -> Self {
+        Signer {
+            kid: key.kid.as_deref(),
+            secret: &key.secret,
+        }
+    }
+}
+
+/// Signs `claims` with an admission secret (the first configured one, for what a gateway
+/// mints).
 ///
 /// # Errors
 /// The signing error (does not happen with an HMAC key).
-pub fn sign(
-    secret: &Secret,
+pub fn sign<'a>(
+    key: impl Into<Signer<'a>>,
     claims: &AdmissionClaims,
 ) -> Result<String, jsonwebtoken::errors::Error> {
+    let key = key.into();
+    let mut header = Header::new(Algorithm::HS256);
+    header.kid = key.kid.map(str::to_string);
     jsonwebtoken::encode(
-        &Header::new(Algorithm::HS256),
+        &header,
         claims,
-        &EncodingKey::from_secret(secret.expose().as_bytes())?,
+        &EncodingKey::from_secret(key.secret.expose().as_bytes())?,
     )
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn secret() -> Secret {
-        Secret::new("0123456789abcdef0123")
-    }
-
-    #[test]
-    fn a_minted_token_verifies_and_scopes_to_its_sku() {
-        let v = Verifier::new(&secret(), None);
-        let t = mint(&secret(), "u-1", Some("drop-1"), 60).unwrap();
-        let h = format!("Bearer {t}");
-        assert_eq!(v.buyer(Some(&h), Some("drop-1")).unwrap(), "u-1");
-        assert_eq!(v.buyer(Some(&h), Some("drop-2")), Err(AuthError::WrongSku));
-        // Again, from the verified set: the same answers.
-        assert_eq!(v.buyer(Some(&h), Some("drop-1")).unwrap(), "u-1");
-        assert_eq!(v.buyer(Some(&h), Some("drop-2")), Err(AuthError::WrongSku));
-    }
-
-    #[test]
-    fn expired_foreign_and_missing_tokens_are_refused() {
-        let v = Verifier::new(&secret(), None);
-        let other = mint(&Secret::new("another-secret-0000"), "u", None, 60).unwrap();
-        assert_eq!(
-            v.buyer(Some(&format!("Bearer {other}")), None),
-            Err(AuthError::BadSignature)
-        );
-        let claims = AdmissionClaims {
-            sub: "u".into(),
-            exp: jsonwebtoken::get_current_timestamp() - 10,
-            sku: None,
-            scope: None,
-            tid: None,
-        };
-        let expired = jsonwebtoken::encode(
-            &Header::new(Algorithm::HS256),
-            &claims,
-            &EncodingKey::from_secret(secret().expose().as_bytes()).unwrap(),
-        )
-        .unwrap();
-        assert_eq!(
-            v.buyer(Some(&format!("Bearer {expired}")), None),
-            Err(AuthError::Expired)
-        );
-        assert_eq!(
-            v.buyer(Some("Bearer not.a-jwt"), None),
-            Err(AuthError::Malformed)
-        );
-        assert_eq!(v.buyer(None, None), Err(AuthError::Missing));
-        assert_eq!(v.buyer(Some("Basic abc"), None), Err(AuthError::Missing));
-    }
-
-    #[test]
-    fn user_ids_are_short_and_printable() {
-        assert!(valid_user_id("u-17"));
-        assert!(valid_user_id(&"é".repeat(128)));
-        for bad in ["", "a\u{0}b", "a\nb", "\u{7f}", "\u{9b}"] {
-            assert!(!valid_user_id(bad), "{bad:?}");
-        }
-        assert!(!valid_user_id(&"u".repeat(129)));
-    }
-
-    #[test]
-    fn admin_token_must_match_exactly() {
-        let v = Verifier::new(&secret(), Some(Secret::new("admin-token-123456")));
-        assert!(v.is_admin(Some("Bearer admin-token-123456")));
-        assert!(!v.is_admin(Some("Bearer admin-token-12345")));
-        assert!(!Verifier::new(&secret(), None).is_admin(Some("Bearer x")));
-        assert_eq!(v.admin(None), Err(AuthError::Missing));
-        assert_eq!(v.admin(Some("Bearer nope")), Err(AuthError::NotAdmin));
-        assert_eq!(
-            Verifier::new(&secret(), None).admin(Some("Bearer x")),
-            Err(AuthError::NoAdminToken)
-        );
-    }
-
-    #[test]
-    fn a_scoped_token_acts_on_its_own_sku_only() {
-        let v = Verifier::new(&secret(), None);
-        let scoped = format!("Bearer {}", mint(&secret(), "u-1", Some("a"), 60).unwrap());
-        let buyer = v.identify(Some(&scoped)).unwrap();
-        assert!(buyer.may_act_on("a") && !buyer.may_act_on("b"));
-        let open = format!("Bearer {}", mint(&secret(), "u-1", None, 60).unwrap());
-        assert!(v.identify(Some(&open)).unwrap().may_act_on("b"));
-    }
-}
+mod tests;

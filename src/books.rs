@@ -31,8 +31,8 @@ use crate::store::Store;
 
 mod ledger_side;
 mod redis_side;
-pub use ledger_side::LedgerSums;
 use ledger_side::{backlog, ledger_side, Backlog};
+pub use ledger_side::{books_drift, LedgerSums};
 use redis_side::{acknowledged_between, given_back, ids, read_sides, unmoved};
 
 /// The books of one SKU at one reading.

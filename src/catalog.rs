@@ -79,6 +79,13 @@ pub struct Sku {
     #[serde(skip)]
     #[sqlx(flatten)]
     pub queue: crate::queue::QueueRow,
+    /// A seated SKU's plan as declared (JSON), `None` for general admission (docs/seats.md).
+    #[serde(skip)]
+    pub seats: Option<String>,
+    /// That plan, parsed once when the row is read.
+    #[serde(skip)]
+    #[sqlx(skip)]
+    pub plan: Option<std::sync::Arc<crate::seating::SeatPlan>>,
 }
 
 impl Sku {
@@ -304,12 +311,21 @@ pub async fn fetch(db: &PgPool, sku: &SkuId) -> Result<Option<Sku>, DbError> {
         "SELECT sku, total, per_user_limit, hold_seconds, seeded, redis_seq, declare_id,
                 offer_seconds, opens_at, closes_at, tag, shards, shard_salts,
                 queue_admit_per_second, queue_admission_ttl_seconds, queue_prequeue_from,
-                queue_seed
+                queue_seed, seats
            FROM skus WHERE sku = $1",
     )
     .bind(sku)
     .fetch_optional(db)
-    .await?)
+    .await?
+    .map(|mut row: Sku| {
+        row.plan = row
+            .seats
+            .as_deref()
+            .and_then(|j| serde_json::from_str(j).ok())
+            .and_then(|v| crate::seating::SeatPlan::parse(&v).ok())
+            .map(std::sync::Arc::new);
+        row
+    }))
 }
 
 /// Every SKU id, for reconcile (a one-off walk; no background loop reads the whole catalog).

@@ -69,7 +69,9 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u8).range(0..=100))]
     pub cancel_percent: u8,
     /// Run the drop behind a waiting room: buyers join the pre-queue, the seed is published
-    /// at the opening, the queue admits at --buyers/5 per second, the admitted claim
+    /// at the opening, the queue admits at --buyers/5 per second, the admitted claim with
+    /// their admission tokens; the summary says how many were admitted, won, and were told
+    /// sold out
     #[arg(long)]
     pub queue: bool,
     #[command(flatten)]
@@ -92,6 +94,10 @@ pub struct ReconcileArgs {
 /// # Errors
 /// Startup failures.
 pub async fn serve(config: crate::config::Config) -> anyhow::Result<()> {
+    // The graceful stop takes at most a grace for the requests and one for the flush; past
+    // that (a backend that hangs instead of failing), or at a second signal, the process
+    // exits: a stop is never unbounded (issue 37.6).
+    let bound = config.shutdown_grace * 2 + STOP_SLACK;
     let app = crate::app::Application::build(config).await?;
     let shutdown = tokio_util::sync::CancellationToken::new();
     let signal = shutdown.clone();
@@ -99,10 +105,21 @@ pub async fn serve(config: crate::config::Config) -> anyhow::Result<()> {
         wait_for_signal().await;
         tracing::info!("shutdown requested");
         signal.cancel();
+        tokio::select! {
+            _ = wait_for_signal() => tracing::error!("a second signal: exiting now"),
+            _ = tokio::time::sleep(bound) => tracing::error!(
+                bound_secs = bound.as_secs(),
+                "the gateway did not stop within its bound: exiting now"
+            ),
+        }
+        std::process::exit(1);
     });
     app.run_until_stopped(shutdown).await;
     Ok(())
 }
+
+/// Beyond the two grace periods, the time a stop may take before the process exits anyway.
+const STOP_SLACK: std::time::Duration = std::time::Duration::from_secs(2);
 
 async fn wait_for_signal() {
     use tokio::signal::unix::{signal, SignalKind};

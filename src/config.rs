@@ -22,6 +22,13 @@ pub const ENV_KEY_PREFIX: &str = "DROPGATE_KEY_PREFIX";
 pub const DEFAULT_KEY_PREFIX: &str = "dg";
 pub const ENV_ADMISSION_SECRET: &str = "DROPGATE_ADMISSION_SECRET";
 pub const ENV_ADMIN_TOKEN: &str = "DROPGATE_ADMIN_TOKEN";
+/// A JWKS file of an identity provider's public keys (EdDSA, ES256, RS256); re-read when it
+/// changes. No default: HS256 secrets only.
+pub const ENV_ADMISSION_JWKS: &str = "DROPGATE_ADMISSION_JWKS";
+/// When set, every token must carry this `aud`; unset, `aud` is not checked.
+pub const ENV_TOKEN_AUDIENCE: &str = "DROPGATE_TOKEN_AUDIENCE";
+/// When set, every token must carry this `iss`; unset, `iss` is not checked.
+pub const ENV_TOKEN_ISSUER: &str = "DROPGATE_TOKEN_ISSUER";
 pub const ENV_REPROCESS_MAX_ATTEMPTS: &str = "DROPGATE_REPROCESS_MAX_ATTEMPTS";
 pub const DEFAULT_REPROCESS_MAX_ATTEMPTS: &str = "5";
 pub const ENV_REPROCESS_BACKOFF_MS: &str = "DROPGATE_REPROCESS_BACKOFF_MS";
@@ -135,6 +142,11 @@ mod checks;
 mod raw;
 #[cfg(test)]
 mod tests;
+mod tokens;
+
+pub use tokens::{
+    admission_keys, check_jwks_file, parse_jwks, HmacKey, PublicKey, TokenConfig, PUBLIC_ALGORITHMS,
+};
 
 pub use checks::{admission_secret, check_stream_name, check_subject_prefix};
 use checks::{check_nats_url, parse_listen};
@@ -153,6 +165,7 @@ pub struct Config {
     pub redis_wait: Duration,
     pub database_url: String,
     pub key_prefix: String,
+    /// The secret of what the gateway signs (the first of [`TokenConfig::keys`]).
     pub admission_secret: Secret,
     pub admin_token: Option<Secret>,
     pub reprocess_max_attempts: u32,
@@ -171,6 +184,8 @@ pub struct Config {
     pub nats: Option<NatsConfig>,
     /// Sent events are deleted from `outbox` after this long.
     pub outbox_retention: Duration,
+    /// Every key and check of tokens (rotation, JWKS, audience, issuer).
+    pub tokens: TokenConfig,
 }
 
 /// The JetStream target of the outbox relay.
@@ -195,8 +210,15 @@ impl RawConfig {
     /// [`ConfigErrors`] listing each invalid or missing value.
     pub fn validate(&self) -> Result<Config, ConfigErrors> {
         let mut errors = Vec::new();
+        // Named as the operator gave it: clap prefers the flag, so a value other than the
+        // environment's came from `--listen`.
+        let listen_source = if std::env::var(ENV_LISTEN).ok().as_deref() == Some(&self.listen) {
+            format!("{ENV_LISTEN}={:?}", self.listen)
+        } else {
+            format!("--listen {:?}", self.listen)
+        };
         let listen = parse_listen(&self.listen)
-            .map_err(|e| errors.push(format!("{ENV_LISTEN}={:?}: {e}", self.listen)))
+            .map_err(|e| errors.push(format!("{listen_source}: {e}")))
             .ok();
         let redis_urls: Vec<&str> = self.redis_url.split(',').map(str::trim).collect();
         if redis_urls
@@ -235,9 +257,10 @@ impl RawConfig {
                 "{ENV_KEY_PREFIX}: 1-64 visible ASCII characters without braces"
             ));
         }
-        let secret = checks::admission_secret(self.admission_secret.as_deref())
+        let keys = tokens::admission_keys(self.admission_secret.as_deref())
             .map_err(|e| errors.push(e))
             .ok();
+        let tokens = self.token_config(keys, &mut errors);
         let admin_token = match self.admin_token.as_deref() {
             Some(t) if t.len() < MIN_SECRET_BYTES => {
                 errors.push(format!(
@@ -316,15 +339,15 @@ impl RawConfig {
                 self.nats_subject_prefix
             ));
         }
-        match (errors.is_empty(), listen, secret) {
-            (true, Some(listen), Some(admission_secret)) => Ok(Config {
+        match (errors.is_empty(), listen, tokens) {
+            (true, Some(listen), Some(tokens)) => Ok(Config {
                 listen,
                 redis_url: self.redis_url.clone(),
                 redis_wait_replicas: wait_replicas,
                 redis_wait: Duration::from_millis(redis_wait),
                 database_url: self.database_url.clone(),
                 key_prefix: self.key_prefix.clone(),
-                admission_secret,
+                admission_secret: tokens.signing().secret.clone(),
                 admin_token,
                 reprocess_max_attempts: max_attempts as u32,
                 reprocess_backoff: Duration::from_millis(backoff),
@@ -343,6 +366,7 @@ impl RawConfig {
                     duplicate_window: Duration::from_secs(duplicate_window),
                 }),
                 outbox_retention: Duration::from_secs(retention),
+                tokens,
             }),
             _ => Err(ConfigErrors(errors)),
         }

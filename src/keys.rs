@@ -178,6 +178,11 @@ impl SkuKeys {
         key.strip_prefix(head)?.strip_suffix("}:state")
     }
 
+    /// A seated SKU's seat map: one bit per seat, 1 = sold or held (docs/seats.md).
+    pub fn seats(&self) -> String {
+        format!("{}seats", self.head)
+    }
+
     /// Hash of user id to units held.
     pub fn users(&self) -> String {
         format!("{}users", self.head)
@@ -296,8 +301,8 @@ impl SkuKeys {
 
     /// The waiting room's keys in the order its scripts take them as `KEYS[1..7]` (see
     /// `lua/lib/queue.lua`): its hash, the line, the admitted set, then the SKU's state,
-    /// waitlist, expiry set and per-user counts.
-    pub fn queue(&self) -> [String; 7] {
+    /// waitlist, expiry set and per-user counts, and the admissions' fixed expiries.
+    pub fn queue(&self) -> [String; 8] {
         [
             format!("{}q", self.head),
             format!("{}q:line", self.head),
@@ -306,6 +311,7 @@ impl SkuKeys {
             self.waitlist(),
             self.expiry(),
             self.users(),
+            format!("{}q:exp", self.head),
         ]
     }
 

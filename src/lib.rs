@@ -9,7 +9,8 @@
 //! it does.
 //!
 //! 1. **core** ([`auth`], [`clock`], [`config`], [`error`], [`ids`], [`keys`], [`layout`],
-//!    [`metrics`], [`pace`], [`record`], [`repeats`], [`sku`], [`startup`], [`status`]): the
+//!    [`metrics`], [`pace`], [`record`], [`repeats`], [`seating`], [`sku`], [`startup`],
+//!    [`status`]): the
 //!    domain's words and rules, with no Redis or PostgreSQL call.
 //!    - [`sku`]: a catalog SKU's id, a type of its own ([`sku::SkuId`], checked once at the
 //!      edge), so it cannot be mistaken for a shard's Redis name ([`keys::ShardName`]).
@@ -23,7 +24,9 @@
 //!    - [`error`]: infrastructure errors per boundary, PostgreSQL's classified by SQLSTATE,
 //!      and an operator's refusals; [`config`]; [`startup`]: start-up failures said once,
 //!      without passwords, and their exit statuses; [`auth`]: admission and visitor tokens
-//!      (JWT HS256) and the admin token.
+//!      (JWTs: HS256 secrets by `kid`, public keys of a JWKS file) and the admin token.
+//!    - [`seating`]: reserved seating's plan (sections, rows, seat counts), seat ids and their
+//!      bits in a seated SKU's seat map (docs/seats.md).
 //!    - [`metrics`]: every metric's name, registered once, and their recorders; [`clock`]:
 //!      this gateway's milliseconds; [`pace`]: the retry pace of background loops
 //!      (exponential backoff); [`repeats`]: a background task's repeated warnings, logged
@@ -120,6 +123,7 @@ pub mod metrics;
 pub mod pace;
 pub mod record;
 pub mod repeats;
+pub mod seating;
 pub mod sku;
 pub mod startup;
 pub mod status;

@@ -46,7 +46,16 @@ fn main() -> ExitCode {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }
     }
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // demo's summary is what a person at a terminal came for: its gateway's INFO lines
+    // (~19 of them) would bury it, so on a terminal only warnings show unless RUST_LOG asks.
+    let default_level =
+        if matches!(cli.command, Command::Demo(_)) && std::io::stderr().is_terminal() {
+            "warn"
+        } else {
+            "info"
+        };
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     // Logs go to stderr, always: stdout carries only the command's output (demo's summary,
     // reconcile's table, tokens, events), so it can be piped. Colour only on a terminal that
     // does not ask for none.

@@ -80,6 +80,8 @@ pub const OUTBOX_PUBLISHED: &str = "dropgate_outbox_published_total";
 pub const OUTBOX_DUPLICATES: &str = "dropgate_outbox_duplicates_total";
 pub const OUTBOX_LAG: &str = "dropgate_outbox_lag_seconds";
 pub const OUTBOX_PUBLISH_FAILURES: &str = "dropgate_outbox_publish_failures_total";
+/// Age of the open transaction the next claim event waits for (0: none); src/outbox/held_back.rs.
+pub const OUTBOX_HELD_BACK: &str = "dropgate_outbox_held_back_seconds";
 pub const SKU_UNWRITTEN: &str = "dropgate_sku_unwritten_entries";
 // The lifecycle's (src/lifecycle/): holds, their expiry, waitlist offers.
 pub const HOLDS: &str = "dropgate_holds_total";
@@ -105,6 +107,22 @@ pub const CLAIM_OUTCOMES: &[&str] = &[
 ];
 /// The `reason` label of [`SKU_CLOSED`]: Redis lost the SKU's state, or holds an older one.
 pub const CLOSED_REASONS: &[&str] = &["lost", "stale"];
+
+/// `dropgate_build_info{version}`: always 1, the build a gateway runs (Prometheus's
+/// `*_build_info` convention: join it on `instance` to see which version answered).
+pub const BUILD_INFO: &str = "dropgate_build_info";
+
+/// The process collector (`process_*`), described once with the other families.
+fn process_collector() -> &'static metrics_process::Collector {
+    static COLLECTOR: OnceLock<metrics_process::Collector> = OnceLock::new();
+    COLLECTOR.get_or_init(metrics_process::Collector::default)
+}
+
+/// The scrape: the process's own figures read now (from /proc), then every family.
+pub fn render(handle: &PrometheusHandle) -> String {
+    process_collector().collect();
+    handle.render()
+}
 
 /// Installs the process-wide recorder the first time; later calls (several apps in one test
 /// process) share it.
@@ -316,6 +334,11 @@ pub fn sku_closed(sku: &SkuId, reason: Option<&str>) {
 pub fn outbox_backlog(events: i64, oldest: Option<f64>) {
     gauge!(OUTBOX_BACKLOG).set(events as f64);
     gauge!(OUTBOX_OLDEST).set(oldest.unwrap_or(0.0));
+}
+
+/// The age of the transaction the relay waits for (0 when it waits for none).
+pub fn outbox_held_back(seconds: f64) {
+    gauge!(OUTBOX_HELD_BACK).set(seconds);
 }
 
 /// Events acknowledged by JetStream and marked sent by this gateway's relay.

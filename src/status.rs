@@ -61,6 +61,8 @@ pub enum TicketState {
     SoldOut,
     /// Admitted, and not used within the admission's ttl.
     Expired,
+    /// In the line at or after `closes_at` (Redis's clock): nobody is admitted any more.
+    Closed,
 }
 
 /// The status string is none of the lifecycle's.
@@ -224,6 +226,7 @@ status_enum!(TicketState, TICKET_STEPS, [
     Admitted => "admitted",
     SoldOut => "sold_out",
     Expired => "expired",
+    Closed => "closed",
 ]);
 
 impl TicketState {
@@ -232,7 +235,10 @@ impl TicketState {
     pub fn in_line(self) -> bool {
         matches!(
             self,
-            TicketState::Prequeue | TicketState::Waiting | TicketState::SoldOut
+            TicketState::Prequeue
+                | TicketState::Waiting
+                | TicketState::SoldOut
+                | TicketState::Closed
         )
     }
 }

@@ -61,7 +61,15 @@ pub fn text() -> String {
          --run-time {DEFAULT_RUN_TIME_SECS}s, --increase-rate = users (all started within a second), \
          --timeout {REQUEST_TIMEOUT_SECS}, --no-telnet, --no-reset-metrics):\n"
     );
+    // One default per option: goose's own text says "one per CPU" for --users, which this
+    // tool never takes.
     let goose = GooseConfiguration::command()
+        .mut_arg("users", |a| {
+            a.help(format!("Concurrent users [default: {DEFAULT_USERS}]"))
+                .long_help(format!(
+                    "How many users to start [default: {DEFAULT_USERS}]"
+                ))
+        })
         .name("dropgate-loadtest")
         .render_help()
         .to_string();
@@ -109,6 +117,19 @@ mod tests {
         for kind in Kind::ALL {
             assert!(ours.contains(kind.name()));
         }
+        // One default for --users: this tool's, not goose's "one per CPU".
+        let users = help
+            .lines()
+            .find(|l| l.contains("--users <"))
+            .expect("goose's --users line");
+        assert!(
+            users.contains(&format!("[default: {DEFAULT_USERS}]")),
+            "{users}"
+        );
+        assert!(
+            !help.contains("one per CPU"),
+            "goose's own default is shown"
+        );
         // goose's own flags come after.
         for flag in ["--users", "--run-time", "--report-file", "--scenarios"] {
             let at = help.rfind(flag).unwrap_or_else(|| panic!("{flag}"));

@@ -21,6 +21,7 @@
 mod admin;
 mod book;
 mod checkout;
+mod decided;
 mod help;
 mod holds_check;
 mod line;
@@ -174,9 +175,10 @@ async fn run(settings: Settings, mut config: GooseConfiguration) -> anyhow::Resu
     executed?;
 
     println!(
-        "\nnote: goose's ERRORS table lists each 409 as it arrived; the decided ones (sold_out, \
-         limit_reached; in checkout also hold_expired, in_stock) are then marked successes with \
-         set_success, as the # fails column shows."
+        "\nnote: hot_sku_drop, many_skus and retry_storm judge each claim before goose records \
+         it, so their decided 409s (sold_out, limit_reached) are not in goose's ERRORS table; in \
+         checkout and queue_drop goose lists a decided 409 (also hold_expired, in_stock) as it \
+         arrived, then it is marked a success, as the # fails column shows."
     );
     let mut verdicts = Vec::new();
     for drop in &drops {

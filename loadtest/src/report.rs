@@ -145,10 +145,13 @@ const VERDICT_END: &str = "<!-- /dropgate-loadtest verdict -->";
 /// The invariants' verdict as an HTML section: PASS or FAIL, then each scenario and what
 /// failed in it.
 pub fn verdict_html(verdicts: &[(&str, Vec<String>)]) -> String {
+    // Text and attribute safe: `'` and `"` too, whatever a failure line says.
     let esc = |t: &str| {
         t.replace('&', "&amp;")
             .replace('<', "&lt;")
             .replace('>', "&gt;")
+            .replace('"', "&quot;")
+            .replace('\'', "&#39;")
     };
     let pass = verdicts.iter().all(|(_, f)| f.is_empty());
     let mut out = format!(
@@ -188,13 +191,39 @@ pub fn with_verdict(html: &str, section: &str) -> String {
             return format!("{}{section}{}", &html[..a], &html[b + VERDICT_END.len()..]);
         }
     }
-    match html
-        .find("<body")
-        .and_then(|i| html[i..].find('>').map(|j| i + j + 1))
-    {
+    match body_content_start(html) {
         Some(at) => format!("{}{section}{}", &html[..at], &html[at..]),
         None => format!("{section}{html}"),
     }
+}
+
+/// Where the real `<body>` element's content starts: the first `<body` tag outside comments,
+/// `<script>` and `<style>` elements (the inlined ECharts holds the string `<body` in its code).
+fn body_content_start(html: &str) -> Option<usize> {
+    let lower = html.to_ascii_lowercase();
+    let mut at = 0;
+    while let Some(rel) = lower[at..].find('<') {
+        let tag = at + rel;
+        let rest = &lower[tag..];
+        let skip_to = |close: &str| lower[tag..].find(close).map(|i| tag + i + close.len());
+        if rest.starts_with("<!--") {
+            at = skip_to("-->")?;
+        } else if rest.starts_with("<script") || rest.starts_with("<style") {
+            let close = if rest.starts_with("<script") {
+                "</script"
+            } else {
+                "</style"
+            };
+            at = skip_to(close)?;
+        } else if rest.starts_with("<body")
+            && rest[5..].starts_with(|c: char| c == '>' || c.is_ascii_whitespace())
+        {
+            return rest.find('>').map(|j| tag + j + 1);
+        } else {
+            at = tag + 1;
+        }
+    }
+    None
 }
 
 /// Writes the verdict into one report file and inlines ECharts, in place.
@@ -265,6 +294,89 @@ mod tests {
         let twice = with_verdict(&once, &verdict_html(&pass));
         assert_eq!(twice.matches("dropgate invariants:").count(), 1);
         assert!(twice.contains("dropgate invariants: PASS"));
+    }
+
+    #[test]
+    fn an_apostrophe_or_quote_in_a_failure_is_escaped() {
+        let v = vec![(
+            "queue_drop",
+            vec!["buyer's token \"x\" refused".to_string()],
+        )];
+        let html = verdict_html(&v);
+        assert!(html.contains("buyer&#39;s token &quot;x&quot; refused"));
+        assert!(!html.contains("buyer's"));
+    }
+
+    #[test]
+    fn a_body_string_inside_a_script_or_comment_is_not_the_body() {
+        let html = "<html><head><!-- <body> --><script>var s = '<body>';</script>\
+                    <style>p:before{content:'<body>'}</style></head><body class=x><p>r</p></body>";
+        let out = with_verdict(html, "[V]");
+        assert!(out.contains("<body class=x>[V]<p>r</p>"), "{out}");
+        assert_eq!(out.matches("[V]").count(), 1);
+    }
+
+    /// A report goose itself wrote (a one-second run whose only request is a custom one, so
+    /// no server is needed), inlined and given the verdict as the run's end does.
+    #[test]
+    fn a_real_goose_report_shows_the_verdict_right_after_its_body_tag() {
+        let dir = std::env::temp_dir().join(format!("lt-report-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("report.html");
+        goose_report(&path);
+        let verdicts = vec![("hot_sku_drop", vec!["the buyer's count: 2 > 1".to_string()])];
+        finish_file(&path, &verdicts).unwrap();
+        let html = std::fs::read_to_string(&path).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        // The inlined ECharts holds `<body` in its code: the first match is not the tag.
+        let first_body = html.find("<body").unwrap();
+        let verdict = html.find(VERDICT_START).unwrap();
+        let real_body = body_content_start(&html).unwrap();
+        assert!(
+            first_body < real_body,
+            "the inlined script's `<body` comes first"
+        );
+        assert_eq!(verdict, real_body, "the verdict opens the body");
+        let before = &html[..verdict].to_ascii_lowercase();
+        assert_eq!(
+            before.matches("<script").count(),
+            before.matches("</script>").count(),
+            "the verdict is outside every script"
+        );
+        assert!(html.contains("dropgate invariants: FAIL"));
+        assert!(html.contains("the buyer&#39;s count: 2 &gt; 1"));
+    }
+
+    fn goose_report(path: &Path) {
+        use goose::prelude::*;
+        async fn noop(user: &mut GooseUser) -> TransactionResult {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            user.record_custom_request("CUSTOM", "noop", 1, true, None, None)
+                .await
+        }
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            GooseAttack::initialize_with_config(GooseConfiguration::default())
+                .unwrap()
+                .register_scenario(scenario!("report").register_transaction(transaction!(noop)))
+                .set_default(GooseDefault::Host, "http://127.0.0.1:9")
+                .unwrap()
+                .set_default(GooseDefault::Users, 1)
+                .unwrap()
+                .set_default(GooseDefault::IncreaseRate, "1")
+                .unwrap()
+                .set_default(GooseDefault::RunTime, 1)
+                .unwrap()
+                .set_default(GooseDefault::NoTelnet, true)
+                .unwrap()
+                .set_default(GooseDefault::Quiet, 1)
+                .unwrap()
+                .set_default(GooseDefault::ReportFile, path.to_str().unwrap())
+                .unwrap()
+                .execute()
+                .await
+                .unwrap();
+        });
     }
 
     #[test]

@@ -13,13 +13,12 @@
 //!
 //! Each goose user is a distinct buyer with its own token (in `retry_storm`, `fanout` goose
 //! users share one buyer). 409 `sold_out` and `limit_reached` are answers, not failures: the
-//! claim transaction marks them as successes with `set_success`.
+//! claim is judged before goose records it ([`crate::decided`]), so they are not errors.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use goose::goose::GooseResponse;
 use goose::prelude::*;
 use rand::Rng;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
@@ -27,6 +26,7 @@ use serde::Deserialize;
 
 use crate::admin::{mint, Admin, Declare};
 use crate::book::Book;
+use crate::decided;
 use crate::line::Line;
 use crate::settings::{Secret, Settings};
 use crate::tally::{Answer, Rules, Tally};
@@ -358,59 +358,38 @@ impl Drop {
         if let Some(key) = &buyer.idempotency_key {
             builder = builder.header("Idempotency-Key", key);
         }
-        let request = GooseRequest::builder()
-            .method(GooseMethod::Post)
-            .path(path.as_str())
-            .name(self.kind.request_name())
-            .set_request_builder(builder)
-            .build();
-        let GooseResponse {
-            mut request,
-            response,
-        } = user.request(request).await?;
-        let response = match response {
-            Ok(r) => r,
-            Err(_) => {
+        // Sent outside goose's `request`, so a decided 409 never enters its ERRORS table.
+        let name = self.kind.request_name();
+        let (elapsed, answered) = decided::send(builder).await;
+        let answered = match answered {
+            Ok(a) => a,
+            Err(why) => {
                 self.tally.lost(buyer.index, sku_index);
-                return user.set_failure("no answer", &mut request, None, None);
+                return decided::record(user, name, elapsed, None, Some(why)).await;
             }
         };
-        let status = response.status().as_u16();
-        let headers = response.headers().clone();
-        let replayed = headers
+        let status = answered.status;
+        let replayed = answered
+            .headers
             .get("idempotency-replayed")
             .is_some_and(|v| v.as_bytes() == b"true");
-        let body = match response.bytes().await {
-            Ok(b) => b,
-            Err(_) => {
-                self.tally.lost(buyer.index, sku_index);
-                return user.set_failure("body not read", &mut request, Some(&headers), None);
-            }
-        };
-        let Some(answer) = classify(status, replayed, &body) else {
+        let Some(answer) = classify(status, replayed, &answered.body) else {
             self.tally.other(status);
-            let text = String::from_utf8_lossy(&body);
-            return user.set_failure(
-                "unexpected answer",
-                &mut request,
-                Some(&headers),
-                Some(&text),
+            let why = format!(
+                "unexpected answer: {}",
+                String::from_utf8_lossy(&answered.body)
             );
+            return decided::record(user, name, elapsed, Some(status), Some(&why)).await;
         };
         if let Some(violation) = self.tally.answer(buyer.index, sku_index, &answer) {
-            return user.set_failure(&violation, &mut request, Some(&headers), None);
+            return decided::record(user, name, elapsed, Some(status), Some(&violation)).await;
         }
         if self.kind == Kind::HotSkuDrop {
             // A decided answer ends this buyer's visit: the goose user's next claim is the
             // next buyer's (a drop's crowd is many buyers once, not a few buyers forever).
             self.admit(user)?;
         }
-        if status == 409 {
-            // Goose counted the 409 as an error when it arrived; this is a decided answer.
-            request.error.clear();
-            return user.set_success(&mut request);
-        }
-        Ok(())
+        decided::record(user, name, elapsed, Some(status), None).await
     }
 }
 

@@ -1,6 +1,6 @@
 -- lib/queue.lua: functions shared by the waiting room's scripts (src/queue/), prepended to
 -- each after lib/fresh.lua; it defines no key of its own. Every script that includes it takes
--- these as KEYS[1..7]:
+-- these as KEYS[1..8]:
 --
 -- KEYS[1]  the queue hash {sku}:q: rate (admissions per second), ttl_ms (how long an admission
 --          is valid), prequeue_ms (the pre-queue opens; 0: from the declare on), seq (arrival
@@ -14,6 +14,7 @@
 -- KEYS[5]  the SKU's waitlist line
 -- KEYS[6]  the SKU's expiry set (holds still held: units that may come back)
 -- KEYS[7]  the SKU's per-user counts (an admitted visitor who bought has used the admission)
+-- KEYS[8]  the admissions' expiries: hash ticket -> unix ms (Redis clock), fixed when admitted
 --
 -- Invariant (I1, I3): the queue never moves stock or counts; it only decides who may claim,
 -- and every ticket is in the line or in the admitted set, never both.
@@ -45,6 +46,12 @@ local function q_num(key, field)
   return tonumber(redis.call('HGET', key, field) or '0') or 0
 end
 
+-- Whether the sale window has closed at `now` (closes_ms, Redis's clock, as claim.lua reads it).
+local function q_closed(now)
+  local closes = q_num(KEYS[4], 'closes_ms')
+  return closes > 0 and now >= closes
+end
+
 -- What the SKU can give the line now: 'open' (units, nobody on the waitlist), 'sold_out' (no
 -- units, and no hold that could give some back), 'wait' (no open units yet, some may come
 -- back: a hold, or a waitlist served first).
@@ -63,9 +70,11 @@ local function q_supply()
 end
 
 -- One ticket as its visitor sees it at `now`, with what the ETA needs:
--- {state, position, admitted_ms, now, opens_ms, rate, recent, window_ms, waiting}
--- state: 'admitted' | 'expired' | 'prequeue' | 'waiting' | 'sold_out' | 'none' (no such
--- ticket); `recent` admissions happened in the last `window_ms` (the achieved rate).
+-- {state, position, admitted_ms, now, opens_ms, rate, recent, window_ms, waiting, expires_ms}
+-- state: 'admitted' | 'expired' | 'prequeue' | 'waiting' | 'sold_out' | 'closed' (in line at
+-- or after closes_at: nobody is admitted any more) | 'none' (no such ticket); `recent` admissions happened in the last `window_ms` (the achieved rate).
+-- An admission's expiry is the one fixed when it was made (KEYS[8]): a later change of
+-- ttl_ms never shortens or lengthens it, so on Redis's clock admitted turns expired once.
 local function q_report(ticket, user, now)
   local opens = q_num(KEYS[4], 'opens_ms')
   local rate = q_num(KEYS[1], 'rate')
@@ -76,12 +85,14 @@ local function q_report(ticket, user, now)
     recent = redis.call('ZCOUNT', KEYS[3], now - window, now)
   end
   local waiting = redis.call('ZCARD', KEYS[2])
-  local state, position, adm = 'none', 0, 0
+  local state, position, adm, exp = 'none', 0, 0, 0
   local a = redis.call('ZSCORE', KEYS[3], ticket)
   if a then
     adm = tonumber(a)
+    -- An admission made before expiries were kept: its ttl as the settings say.
+    exp = tonumber(redis.call('HGET', KEYS[8], ticket) or '') or adm + q_num(KEYS[1], 'ttl_ms')
     state = 'expired'
-    if now < adm + q_num(KEYS[1], 'ttl_ms') then
+    if now < exp then
       state = 'admitted'
     elseif user ~= '' and tonumber(redis.call('HGET', KEYS[7], user) or '0') > 0 then
       -- Used in time: the visitor bought, so the admission did not lapse unused.
@@ -90,7 +101,9 @@ local function q_report(ticket, user, now)
   else
     local rank = redis.call('ZRANK', KEYS[2], ticket)
     if rank then
-      if now < opens then
+      if q_closed(now) then
+        state = 'closed'
+      elseif now < opens then
         state = 'prequeue'
       else
         position = rank + 1
@@ -101,5 +114,5 @@ local function q_report(ticket, user, now)
       end
     end
   end
-  return {state, position, adm, now, opens, rate, recent, window, waiting}
+  return {state, position, adm, now, opens, rate, recent, window, waiting, exp}
 end

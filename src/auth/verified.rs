@@ -27,6 +27,8 @@ pub(super) struct Verified {
     pub sku: Option<String>,
     pub scope: Option<String>,
     pub tid: Option<String>,
+    /// The JWKS generation the token verified under; 0: an admission secret.
+    pub generation: u64,
 }
 
 pub(super) struct VerifiedTokens {
@@ -80,6 +82,7 @@ mod tests {
             sku: None,
             scope: None,
             tid: None,
+            generation: 0,
         }
     }
 

@@ -30,6 +30,19 @@ pub struct LedgerSums {
     pub offered: i64,
 }
 
+/// SKUs whose kept sums (`sku_books`) differ from a full recount of their `issuances` rows:
+/// `reconcile` checks them (a trigger dropped or bypassed would otherwise go unseen).
+///
+/// # Errors
+/// The database error.
+pub async fn books_drift<'e>(db: impl sqlx::PgExecutor<'e>) -> Result<Vec<String>, DbError> {
+    Ok(
+        sqlx::query_scalar("SELECT sku FROM sku_books_drift ORDER BY sku")
+            .fetch_all(db)
+            .await?,
+    )
+}
+
 /// Units by state in the ledger.
 ///
 /// # Errors
@@ -38,12 +51,14 @@ pub async fn ledger_sums<'e>(
     db: impl sqlx::PgExecutor<'e>,
     sku: &SkuId,
 ) -> Result<LedgerSums, DbError> {
-    // `issuances` is read in one pass for its three sums: the observer reads every SKU's view
-    // each round, and a hot SKU has a row per unit sold (three passes were most of PostgreSQL's
-    // time outside the writer's insert; docs/performance.md, "PostgreSQL's CPU per winner").
+    // `issuances` is read through its per-SKU sums (`sku_books`, kept by triggers in the
+    // transaction of every change, migration 0019): one row whatever the SKU's history. Summing
+    // the rows here made the time between the view's two Redis reads grow with every unit sold,
+    // until a fenced reading no longer fit (issue 37, docs/ledger-view.md).
     Ok(sqlx::query_as(
         "SELECT
-           i.recorded, i.held, i.confirmed,
+           COALESCE(i.recorded, 0) AS recorded, COALESCE(i.held, 0) AS held,
+           COALESCE(i.confirmed, 0) AS confirmed,
            (SELECT COALESCE(SUM(quantity), 0)::bigint FROM persistence_pending
              WHERE sku = $1 AND status IN ('pending', 'reprocessing')
                AND claim_status NOT IN ('cancelled', 'expired')) AS pending,
@@ -56,12 +71,8 @@ pub async fn ledger_sums<'e>(
                                 WHERE p.claim_id = q.claim_id)) AS quarantined,
            (SELECT count(*) FROM waitlist WHERE sku = $1 AND status = 'waiting') AS waiting,
            (SELECT count(*) FROM waitlist WHERE sku = $1 AND status = 'offered') AS offered
-         FROM (SELECT
-                 COALESCE(SUM(quantity) FILTER (WHERE status IN ('issued', 'held', 'confirmed')), 0)::bigint
-                   AS recorded,
-                 COALESCE(SUM(quantity) FILTER (WHERE status = 'held'), 0)::bigint AS held,
-                 COALESCE(SUM(quantity) FILTER (WHERE status = 'confirmed'), 0)::bigint AS confirmed
-                 FROM issuances WHERE sku = $1) i",
+         FROM (SELECT $1::text AS sku) k
+         LEFT JOIN sku_books i ON i.sku = k.sku",
     )
     .bind(sku)
     .fetch_one(db)

@@ -39,6 +39,8 @@ pub async fn reconcile(args: ReconcileArgs) -> anyhow::Result<bool> {
     let store = crate::store::Store::connect(&stores.redis_url, &stores.key_prefix, timeout)
         .await
         .map_err(|e| Failure::redis(&stores.redis_url, &e))?;
+    // The kept per-SKU sums the view reads against a full recount (migration 0019).
+    let drift = crate::books::books_drift(&db).await?;
     let catalog = crate::catalog::Catalog::new(db);
     let views = match crate::ledger::accounting(&store, &catalog, only).await {
         Ok(v) => v,
@@ -56,8 +58,26 @@ pub async fn reconcile(args: ReconcileArgs) -> anyhow::Result<bool> {
         }
         Err(e) => return Err(e.into()),
     };
-    let balanced = views.iter().all(|v| v.consistent);
-    let table = crate::ledger::table(&views);
+    if !views.is_empty() && views.iter().all(|v| v.remaining.is_none()) {
+        // Redis answered, yet holds nothing for any SKU of the catalog: a `?` on every row
+        // says less than the likely cause.
+        eprintln!(
+            "dropgate reconcile: no state exists under the key prefix \"{}\" in {}: not one of \
+             the catalog's {} SKU(s) has Redis state there. Is --key-prefix \
+             (DROPGATE_KEY_PREFIX) the gateways'? If it is, Redis lost the SKUs: restore them \
+             (docs/runbook.md).",
+            stores.key_prefix,
+            redact(&stores.redis_url),
+            views.len()
+        );
+    }
+    let balanced = views.iter().all(|v| v.consistent) && drift.is_empty();
+    let mut table = crate::ledger::table(&views);
+    for sku in &drift {
+        table.push_str(&format!(
+            "{sku}: sku_books differs from a recount of its issuances rows\n"
+        ));
+    }
     let mut out = std::io::stdout().lock();
     quiet_end(out.write_all(table.as_bytes()).and_then(|()| out.flush()))?;
     Ok(balanced)

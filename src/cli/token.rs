@@ -30,7 +30,8 @@ pub struct TokenArgs {
     /// room (POST /v1/skus/{sku}/queue) and buys nothing; the queue mints the admission
     #[arg(long, conflicts_with = "sku")]
     pub visitor: bool,
-    /// HS256 secret the gateways verify with, at least 16 bytes [required]
+    /// HS256 secret(s) the gateways verify with, as they take them (comma-separated, each
+    /// optionally kid=secret); the first signs [required]
     #[arg(long, env = crate::config::ENV_ADMISSION_SECRET, hide_env_values = true)]
     pub admission_secret: Option<String>,
 }
@@ -56,7 +57,9 @@ fn parse_ttl(raw: &str) -> Result<Duration, String> {
 /// [`Exit::Config`] for a secret, user or SKU the gateway would refuse.
 pub fn run(t: &TokenArgs) -> Result<(), Failure> {
     let refused = |m: String| Failure::new(Exit::Config, m);
-    let secret = crate::config::admission_secret(t.admission_secret.as_deref()).map_err(refused)?;
+    // The first secret signs, with its kid, as a gateway signs what it mints.
+    let keys = crate::config::admission_keys(t.admission_secret.as_deref()).map_err(refused)?;
+    let secret = &keys[0];
     if let Some(sku) = &t.sku {
         if crate::sku::SkuId::parse(sku).is_none() {
             return Err(refused(
@@ -78,9 +81,9 @@ pub fn run(t: &TokenArgs) -> Result<(), Failure> {
             )));
         }
         let token = if t.visitor {
-            crate::auth::mint_visitor(&secret, &user, ttl)
+            crate::auth::mint_visitor(secret, &user, ttl)
         } else {
-            crate::auth::mint(&secret, &user, t.sku.as_deref(), ttl)
+            crate::auth::mint(secret, &user, t.sku.as_deref(), ttl)
         }
         .map_err(|e| Failure::new(Exit::Other, format!("cannot sign a token: {e}")))?;
         let line = match t.count {

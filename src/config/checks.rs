@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 
-use super::{Secret, ENV_ADMISSION_SECRET, MIN_SECRET_BYTES};
+use super::Secret;
 
 /// Accepts `ip:port`, the API.md shorthand `:port` (that port of loopback), and
 /// `localhost:port` (the same: what a newcomer types, and what loopback means). Other host
@@ -22,23 +22,15 @@ pub(super) fn parse_listen(raw: &str) -> Result<SocketAddr, String> {
     })
 }
 
-/// The admission secret as `serve` accepts it; `token` applies the same check, so it never
-/// mints tokens no gateway would verify.
+/// The signing secret of `DROPGATE_ADMISSION_SECRET` (its first key) as `serve` accepts it;
+/// `token` applies the same check ([`super::tokens::admission_keys`]), so it never mints
+/// tokens no gateway would verify.
 ///
 /// # Errors
 /// What is wrong with it, naming the variable.
 pub fn admission_secret(raw: Option<&str>) -> Result<Secret, String> {
-    match raw {
-        Some(s) if s.len() >= MIN_SECRET_BYTES => Ok(Secret::new(s)),
-        Some(_) => Err(format!(
-            "{ENV_ADMISSION_SECRET}: at least {MIN_SECRET_BYTES} bytes are required \
-             (e.g. openssl rand -hex 32)"
-        )),
-        None => Err(format!(
-            "{ENV_ADMISSION_SECRET} is required: the gateway cannot verify buyers without it \
-             (e.g. export {ENV_ADMISSION_SECRET}=$(openssl rand -hex 32))"
-        )),
-    }
+    let mut keys = super::tokens::admission_keys(raw)?;
+    Ok(keys.swap_remove(0).secret)
 }
 
 /// One or more comma-separated `nats://` or `tls://` URLs (what async-nats accepts, minus

@@ -37,7 +37,8 @@ pub struct RawConfig {
     /// Prefix of every Redis key, so several gateways or test runs can share one Redis
     #[arg(long, env = ENV_KEY_PREFIX, default_value = DEFAULT_KEY_PREFIX, help_heading = REDIS)]
     pub key_prefix: String,
-    /// HS256 secret of admission tokens, at least 16 bytes [required]
+    /// HS256 secret(s) of admission tokens, at least 16 bytes each; several (a rotation) are
+    /// comma-separated, each optionally kid=secret, and the first signs [required]
     #[arg(long, env = ENV_ADMISSION_SECRET, hide_env_values = true, help_heading = AUTH)]
     pub admission_secret: Option<String>,
     /// Bearer token of the admin routes, at least 16 bytes [default: none: admin routes
@@ -96,6 +97,16 @@ pub struct RawConfig {
     /// Seconds sent events stay in the outbox table before the relay deletes them
     #[arg(long, env = ENV_OUTBOX_RETENTION_SECS, default_value = DEFAULT_OUTBOX_RETENTION_SECS, help_heading = EVENTS)]
     pub outbox_retention_secs: String,
+    /// A JWKS file of an identity provider's public keys (EdDSA, ES256, RS256) that tokens
+    /// may be signed with besides the secrets; re-read when it changes [default: none]
+    #[arg(long, env = ENV_ADMISSION_JWKS, help_heading = AUTH)]
+    pub admission_jwks: Option<String>,
+    /// The `aud` every token must carry [default: none: aud is not checked]
+    #[arg(long, env = ENV_TOKEN_AUDIENCE, help_heading = AUTH)]
+    pub token_audience: Option<String>,
+    /// The `iss` every token must carry [default: none: iss is not checked]
+    #[arg(long, env = ENV_TOKEN_ISSUER, help_heading = AUTH)]
+    pub token_issuer: Option<String>,
 }
 
 /// Where the data lives: the only settings of the commands that read a gateway's data
@@ -151,6 +162,9 @@ impl Default for RawConfig {
             nats_subject_prefix: DEFAULT_NATS_SUBJECT_PREFIX.into(),
             nats_duplicate_window_secs: DEFAULT_NATS_DUPLICATE_WINDOW_SECS.into(),
             outbox_retention_secs: DEFAULT_OUTBOX_RETENTION_SECS.into(),
+            admission_jwks: None,
+            token_audience: None,
+            token_issuer: None,
         }
     }
 }

@@ -13,7 +13,10 @@ use crate::{catalog, inventory, ledger};
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DeclareBody {
-    total: i64,
+    /// Optional for a seated SKU (then the number of seats).
+    total: Option<i64>,
+    /// Reserved seating (API.md, "Reserved seating"; `crate::seating`).
+    seats: Option<serde_json::Value>,
     per_user_limit: Option<i64>,
     hold_seconds: Option<i64>,
     offer_seconds: Option<i64>,
@@ -56,7 +59,13 @@ pub(super) async fn declare(
     let body: DeclareBody = parse(&read_body(req).await?)?;
     let limit = body.per_user_limit.unwrap_or(1);
     let hold = body.hold_seconds.unwrap_or(0);
-    if !(0..=MAX_UNITS).contains(&body.total) {
+    let plan = seat_plan(&body, hold)?;
+    let total = match (&plan, body.total) {
+        (Some(p), _) => i64::from(p.seats()),
+        (None, Some(t)) => t,
+        (None, None) => return Err(ApiError::BadRequest("total is required".into())),
+    };
+    if !(0..=MAX_UNITS).contains(&total) {
         return Err(ApiError::BadRequest(format!(
             "total must be in 0..={MAX_UNITS}"
         )));
@@ -103,14 +112,45 @@ pub(super) async fn declare(
         closes_at,
         shards: shards as i32,
         queue,
+        seats: plan,
     };
-    let d = inventory::declare(&state.store, &state.catalog, sku, body.total, &terms).await?;
+    let d = inventory::declare(&state.store, &state.catalog, sku, total, &terms).await?;
     let status = if d.created {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
     Ok(json(status, &d.view))
+}
+
+/// A declare's `seats`, checked before anything is stored: `total`, when given too, must be
+/// the number of seats. Holds, shards and queues on a seated SKU are not built yet
+/// (docs/seats.md, "Limits"): refused rather than half served.
+fn seat_plan(
+    body: &DeclareBody,
+    hold: i64,
+) -> Result<Option<std::sync::Arc<crate::seating::SeatPlan>>> {
+    let Some(v) = &body.seats else {
+        return Ok(None);
+    };
+    let plan = crate::seating::SeatPlan::parse(v).map_err(|e| ApiError::BadRequest(e.0))?;
+    if body.total.is_some_and(|t| t != i64::from(plan.seats())) {
+        return Err(ApiError::BadRequest(format!(
+            "total must equal the number of seats ({})",
+            plan.seats()
+        )));
+    }
+    if hold > 0 || body.offer_seconds.unwrap_or(0) > 0 {
+        return Err(ApiError::BadRequest(
+            "a seated SKU cannot hold its claims yet (hold_seconds and offer_seconds 0)".into(),
+        ));
+    }
+    if body.shards.unwrap_or(1) != 1 || body.queue.is_some() {
+        return Err(ApiError::BadRequest(
+            "a seated SKU has one shard and no queue".into(),
+        ));
+    }
+    Ok(Some(std::sync::Arc::new(plan)))
 }
 
 /// A declare's `queue`, checked before anything is stored.
@@ -199,6 +239,12 @@ pub(super) async fn restock(
     let sku_row = catalog::fetch(state.catalog.db(), sku)
         .await?
         .ok_or(ApiError::UnknownSku)?;
+    if sku_row.seats.is_some() {
+        // A seated SKU's total is its seat plan: a restock would add units no seat carries.
+        return Err(ApiError::BadRequest(
+            "a seated SKU's total is its seat plan and is not restocked".into(),
+        ));
+    }
     if sku_row.total.saturating_add(delta) > MAX_UNITS {
         return Err(ApiError::BadRequest(format!(
             "the total would pass {MAX_UNITS} (it is {})",

@@ -17,16 +17,29 @@ use crate::status::{ClaimStatus, EntryStatus};
 
 /// The caller: `None` for the admin (who may act on any claim or entry), else the buyer and
 /// the SKU the token is limited to (checked against the claim's or entry's by the handler).
+/// A visitor token names its visitor here too: a sold-out visitor's waitlist entry and its
+/// offer are acted on with the token the waiting page holds (API.md), and acting on one's own
+/// claim or entry gets nobody past a queue (claims are made only by the claim route).
 pub(super) fn caller(state: &AppState, req: &Request<Incoming>) -> Result<Option<Buyer>> {
     let auth = header(req, AUTHORIZATION.as_str());
     if state.verifier.is_admin(auth) {
         return Ok(None);
     }
-    state
-        .verifier
-        .identify(auth)
-        .map(Some)
-        .map_err(ApiError::Unauthorized)
+    match state.verifier.identify(auth) {
+        Ok(b) => Ok(Some(b)),
+        Err(AuthError::VisitorToken) => {
+            let user = state
+                .verifier
+                .visitor(auth, None)
+                .map_err(ApiError::Unauthorized)?;
+            Ok(Some(Buyer {
+                user,
+                sku: None,
+                ticket: None,
+            }))
+        }
+        Err(e) => Err(ApiError::Unauthorized(e)),
+    }
 }
 
 /// Whether a token limited to a SKU may act on the claim or entry `id`: its id carries its
@@ -97,6 +110,15 @@ fn refusal(status: ClaimStatus) -> ApiError {
     }
 }
 
+/// Whether the request carries a visitor token (`scope` "queue") good for `sku` (one carrying
+/// another SKU's `sku` is not).
+fn is_visitor(state: &AppState, req: &Request<Incoming>, sku: &str) -> bool {
+    state
+        .verifier
+        .visitor(header(req, AUTHORIZATION.as_str()), Some(sku))
+        .is_ok()
+}
+
 #[derive(Serialize)]
 struct JoinResponse {
     entry_id: Uuid,
@@ -125,8 +147,17 @@ pub(super) async fn join_waitlist(
         .ok_or(ApiError::UnknownSku)?;
     // The line's head is offered the units that come back before the queue admits anyone: on
     // a queued SKU it is a way to a unit like the claim route, and takes the same tokens.
+    // A visitor token (no `tid`) is taken from a visitor with a ticket on this SKU: the one
+    // the line told `sold_out` (the waitlist script refuses anyone while units remain).
     if entry.queue.0.is_some() {
-        super::queue::admitted_here(state, &entry, &buyer)?;
+        if buyer.ticket.is_none()
+            && buyer.sku.is_none()
+            && is_visitor(state, req, entry.sku.as_str())
+        {
+            super::queue::has_ticket(state, &entry, &buyer.user).await?;
+        } else {
+            super::queue::admitted_here(state, &entry, &buyer)?;
+        }
     }
     let user = buyer.user;
     let (status, entry_id, position) = match waitlist::join(&state.store, &entry, &user).await? {

@@ -12,7 +12,7 @@ use super::problem::{full, ApiError, Body};
 /// Every code: (code, status, what it means, what to do).
 pub(super) const PROBLEMS: &[(&str, u16, &str, &str)] = &[
     ("bad_request", 400, "The request is malformed: a body that is not the JSON the route takes, a quantity outside 1..per_user_limit, an invalid SKU id or Idempotency-Key.", "Fix the request as the detail says; nothing changed."),
-    ("unauthorized", 401, "The bearer token is missing, malformed, expired, not signed with this gateway's secret, or (admission tokens) for another SKU; on an admin route, not the admin token. The detail and the WWW-Authenticate header say which.", "Send a valid token: a fresh admission token from the waiting room, or DROPGATE_ADMIN_TOKEN on an admin route."),
+    ("unauthorized", 401, "The bearer token is missing, malformed, expired or not yet valid (nbf), not signed with this gateway's secrets or keys (or naming a kid or alg it has none of), without the configured aud or iss, the wrong kind (a visitor token on a buyer route, or the reverse), or for another SKU; on an admin route, not the admin token. The detail and the WWW-Authenticate header say which.", "Send a valid token: a fresh admission token from the waiting room, or DROPGATE_ADMIN_TOKEN on an admin route."),
     ("not_found", 404, "No route has this path.", "Check the path against GET /openapi.json."),
     ("unknown_sku", 404, "No SKU of this id was declared.", "Check the SKU id; an operator declares SKUs with PUT /admin/skus/{sku}."),
     ("unknown_claim", 404, "No claim of this id is yours (or the token is for another SKU): someone else's claim is indistinguishable from a missing one.", "Use the claim_id of your own 201 answer with the token that made it."),

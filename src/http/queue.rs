@@ -57,6 +57,31 @@ pub(super) fn admitted_here(state: &AppState, entry: &Sku, buyer: &Buyer) -> Res
     }
 }
 
+/// The waitlist's check of a visitor token on a queued SKU: the visitor holds a ticket in
+/// this SKU's line or admitted set (read on the same fenced script as a poll), else 403
+/// `not_admitted` like any token the queue did not mint.
+pub(super) async fn has_ticket(state: &AppState, entry: &Sku, visitor: &str) -> Result<()> {
+    let ticket = order::ticket_id(&state.secret, entry.id(), entry.tag, visitor);
+    let keys = state.store.keys(&entry.sku);
+    let mut con = state.store.hot();
+    let report = state
+        .store
+        .bounded(calls::read(
+            &mut con,
+            &keys,
+            &ticket,
+            visitor,
+            state.store.floor(&entry.sku),
+        ))
+        .await
+        .map_err(read_error)?;
+    if report.state.is_some() {
+        Ok(())
+    } else {
+        Err(ApiError::NotAdmitted)
+    }
+}
+
 pub(super) async fn join(
     state: &AppState,
     sku: &str,
@@ -64,7 +89,7 @@ pub(super) async fn join(
 ) -> Result<Response<Body>> {
     let visitor = state
         .verifier
-        .visitor(header(req, AUTHORIZATION.as_str()))
+        .visitor(header(req, AUTHORIZATION.as_str()), Some(sku))
         .map_err(ApiError::Unauthorized)?;
     let sku = check_sku(sku)?;
     let entry = state
@@ -126,7 +151,7 @@ pub(super) async fn get_ticket(
         Some(
             state
                 .verifier
-                .visitor(auth)
+                .visitor(auth, None)
                 .map_err(ApiError::Unauthorized)?,
         )
     };
@@ -137,6 +162,11 @@ pub(super) async fn get_ticket(
         .ok_or(ApiError::UnknownTicket)?;
     // Another visitor's ticket is indistinguishable from a missing one.
     if let Some(v) = &visitor {
+        // A visitor token of another SKU reads no ticket of this one.
+        state
+            .verifier
+            .visitor(auth, Some(&entry.sku))
+            .map_err(ApiError::Unauthorized)?;
         if order::ticket_id(&state.secret, entry.id(), entry.tag, v) != ticket {
             return Err(ApiError::UnknownTicket);
         }
@@ -197,11 +227,6 @@ fn ticket_view<'a>(
     r: &'a Report,
 ) -> Option<TicketView<'a>> {
     let ticket_state = r.state?;
-    let ttl = entry
-        .queue
-        .0
-        .as_ref()
-        .map_or(0, |s| s.admission_ttl_seconds);
     let waiting = ticket_state == TicketState::Waiting;
     let position =
         matches!(ticket_state, TicketState::Waiting | TicketState::SoldOut).then_some(r.position);
@@ -212,9 +237,8 @@ fn ticket_view<'a>(
     };
     let (token, expires) = match (ticket_state, visitor) {
         (TicketState::Admitted, Some(v)) => (
-            q::admission_token(&state.secret, entry.id(), v, ticket, r.admitted_ms, ttl).ok(),
-            chrono::DateTime::from_timestamp_millis(r.admitted_ms + i64::from(ttl) * 1000)
-                .map(|t| q::rfc3339(&t)),
+            q::admission_token(&state.signing, entry.id(), v, ticket, r.expires_ms).ok(),
+            chrono::DateTime::from_timestamp_millis(r.expires_ms).map(|t| q::rfc3339(&t)),
         ),
         _ => (None, None),
     };

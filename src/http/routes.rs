@@ -65,6 +65,15 @@ pub(super) async fn claim(
     if entry.queue.0.is_some() {
         super::queue::admitted_here(state, &entry, &buyer)?;
     }
+    if entry.plan.is_some() {
+        // The seated claim's body and answer are not served by this route yet (docs/seats.md,
+        // "Not built yet"): a count claim here would sell units the seat map never gave.
+        return Err(ApiError::BadRequest(
+            "this SKU is seated: claims of seats through this route are not built yet \
+             (docs/seats.md)"
+                .into(),
+        ));
+    }
     if quantity < 1 || quantity > i64::from(entry.per_user_limit) {
         return Err(ApiError::BadRequest(format!(
             "quantity must be between 1 and {} (the per-user limit)",
@@ -279,14 +288,23 @@ struct Readiness {
     outbox: crate::outbox::OutboxReport,
 }
 
+/// Each of /readyz's probes answers within this, or counts as failed: a backend that hangs
+/// (a dropped database, a partition) makes the gateway unready at once, never a /readyz
+/// that does not answer (issue 37.6).
+const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(1000);
+
 pub(super) async fn readyz(state: &AppState) -> Response<Body> {
-    let (ping, policy, pg) =
-        tokio::join!(state.store.ping(), state.store.eviction_policy(), async {
-            sqlx::query("SELECT 1")
-                .execute(state.catalog.db())
-                .await
-                .map(|_| ())
-        });
+    let (ping, policy, pg) = tokio::join!(
+        tokio::time::timeout(PROBE_TIMEOUT, state.store.ping()),
+        tokio::time::timeout(PROBE_TIMEOUT, state.store.eviction_policy()),
+        tokio::time::timeout(
+            PROBE_TIMEOUT,
+            sqlx::query("SELECT 1").execute(state.catalog.db())
+        )
+    );
+    let ping = ping.map_err(drop).and_then(|r| r.map_err(drop));
+    let policy = policy.map_err(drop).and_then(|r| r.map_err(drop));
+    let pg = pg.map_err(drop).and_then(|r| r.map(drop).map_err(drop));
     // A scrape between two observer rounds sees what the last probe found.
     m::backends_up(Some(ping.is_ok()), Some(pg.is_ok()));
     let draining = state.is_draining();
@@ -316,7 +334,7 @@ pub(super) async fn readyz(state: &AppState) -> Response<Body> {
 }
 
 pub(super) fn metrics(state: &AppState) -> Response<Body> {
-    let mut resp = Response::new(full(Bytes::from(state.metrics.render())));
+    let mut resp = Response::new(full(Bytes::from(crate::metrics::render(&state.metrics))));
     resp.headers_mut().insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4"),

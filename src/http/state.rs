@@ -29,8 +29,11 @@ pub struct AppState {
     pub live: Live,
     /// Set on shutdown, so /readyz turns 503 before the listener closes.
     pub(crate) draining: AtomicBool,
-    /// The admission secret: the waiting room derives tickets and signs admissions with it.
+    /// The secret the waiting room derives tickets with (the oldest admission secret, so a
+    /// rotation's new first key changes no ticket).
     pub secret: crate::config::Secret,
+    /// The key admission tokens are signed with (the first admission secret, with its kid).
+    pub signing: crate::config::HmacKey,
     /// Queued SKUs by tag, as tickets name them (a SKU's tag never changes).
     pub ticket_tags: dashmap::DashMap<i32, String>,
 }

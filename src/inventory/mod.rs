@@ -42,6 +42,9 @@ pub struct SkuTerms {
     /// The waiting room's settings; `None` leaves a SKU's queue as it is (a queue, once
     /// declared, stays: its visitors hold tickets).
     pub queue: Option<QueueTerms>,
+    /// A seated SKU's plan (its total is the number of seats; docs/seats.md): fixed at the
+    /// first declare, another plan later is refused like another total.
+    pub seats: Option<std::sync::Arc<crate::seating::SeatPlan>>,
 }
 
 /// The `queue` of a declare (validated by the HTTP layer).
@@ -80,8 +83,8 @@ pub async fn declare(
     };
     let inserted = sqlx::query(
         "INSERT INTO skus (sku, total, per_user_limit, hold_seconds, offer_seconds, opens_at,
-                           closes_at, shards, shard_salts)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                           closes_at, shards, shard_salts, seats)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
          ON CONFLICT (sku) DO NOTHING",
     )
     .bind(sku)
@@ -93,6 +96,7 @@ pub async fn declare(
     .bind(terms.closes_at)
     .bind(terms.shards)
     .bind(layout.stored_salts())
+    .bind(terms.seats.as_ref().map(|p| p.to_json().to_string()))
     .execute(db)
     .await?
     .rows_affected()
@@ -101,7 +105,7 @@ pub async fn declare(
         .await?
         .ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
     if !inserted {
-        if row.total != total || row.layout.count() != terms.shards {
+        if row.total != total || row.layout.count() != terms.shards || row.plan != terms.seats {
             return Err(InventoryError::Refused(Refusal::SkuExists));
         }
         sqlx::query(
@@ -171,6 +175,9 @@ pub async fn declare(
     }
     match declared {
         Declared::Seeded | Declared::AlreadyPresent => {
+            if let Some(plan) = &row.plan {
+                seed_seat_map(store, sku, plan).await?;
+            }
             if !row.seeded {
                 sqlx::query("UPDATE skus SET seeded = true WHERE sku = $1")
                     .bind(sku)
@@ -212,6 +219,30 @@ pub async fn declare(
         created: inserted,
         view: view(store, catalog, sku).await?,
     })
+}
+
+/// Seeds a seated SKU's seat map (every seat free) only if absent, like its stock: a map that
+/// is there holds sold seats.
+async fn seed_seat_map(
+    store: &Store,
+    sku: &SkuId,
+    plan: &crate::seating::SeatPlan,
+) -> Result<(), InventoryError> {
+    let key = store.keys(sku.as_str()).seats();
+    let zeros = vec![0u8; plan.map_bytes()];
+    let mut con = store.hot();
+    let _: Option<String> = store
+        .bounded(async {
+            redis::cmd("SET")
+                .arg(&key)
+                .arg(zeros)
+                .arg("NX")
+                .query_async(&mut con)
+                .await
+                .map_err(crate::error::StoreError::from)
+        })
+        .await?;
+    Ok(())
 }
 
 async fn ledger_has_claims(db: &PgPool, sku: &SkuId) -> Result<bool, DbError> {

@@ -24,6 +24,8 @@ pub struct Winner {
     pub expires_ms: Option<i64>,
     /// A waitlist offer (its claim id is the entry id): recorded as `waitlist.offered`.
     pub offer: bool,
+    /// A seated SKU's claim: its seat ids, comma-joined (claim_seats.lua's `z`).
+    pub seats: Option<String>,
 }
 
 /// A hold's status change (confirmed, cancelled, expired), as the journal holds it.

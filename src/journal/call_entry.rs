@@ -21,6 +21,8 @@ pub(super) struct Shared<'a> {
     pub seq: Option<&'a [u8]>,
     pub stock: Option<&'a [u8]>,
     pub expires: Option<&'a [u8]>,
+    /// A seated SKU's claim (claim_seats.lua, one winner): its seat ids, comma-joined.
+    pub seats: Option<&'a [u8]>,
 }
 
 fn number<T: std::str::FromStr>(b: &[u8]) -> Option<T> {
@@ -54,6 +56,11 @@ pub(super) fn winners(
         Some(x) => Some(number(x)?),
         None => None,
     };
+    let seats = match shared.seats {
+        Some(z) if pieces.len() == 1 => Some(std::str::from_utf8(z).ok()?.to_string()),
+        Some(_) => return None,
+        None => None,
+    };
     let mut out = Vec::with_capacity(pieces.len());
     for (j, raw) in pieces.iter().enumerate() {
         let (index, quantity, user, idem) = piece(raw)?;
@@ -71,6 +78,7 @@ pub(super) fn winners(
             seq: seq + j as i64 + 1,
             expires_ms,
             offer: false,
+            seats: seats.clone(),
         });
     }
     (!out.is_empty()).then_some(out)
@@ -106,6 +114,7 @@ mod tests {
             seq: Some(b"9"),
             stock: Some(b"50"),
             expires: None,
+            seats: None,
         };
         let w = winners(
             &ShardName::parse("s"),

@@ -109,6 +109,7 @@ pub(super) fn parse_entry(name: &ShardName, v: Value) -> Option<Result<Parsed, U
         seq: field(b"q"),
         stock: field(b"r"),
         expires: field(b"x"),
+        seats: field(b"z"),
     });
     let winners: Option<Vec<Winner>> = match &shared {
         // A call's entry (claim.lua) carries winners only.
@@ -272,6 +273,7 @@ pub(super) fn parse_packed(
         seq: r.seq,
         expires_ms: r.expires_ms,
         offer,
+        seats: None,
     })
 }
 

@@ -12,6 +12,13 @@ use super::*;
 /// per-SKU gauges appear with the first round of [`crate::observe`].
 pub(super) fn all() {
     lifecycle();
+    process_collector().describe();
+    process_collector().collect();
+    describe_gauge!(
+        BUILD_INFO,
+        "Always 1: the version of dropgate this gateway runs"
+    );
+    gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     describe_counter!(
         CLAIMS,
         "Claims answered, by outcome (decisions, and 429/503 answers)"
@@ -185,6 +192,11 @@ fn outbox() {
         "Age of the oldest outbox event not yet published, in seconds (0 when none waits)"
     );
     gauge!(OUTBOX_OLDEST).set(0.0);
+    describe_gauge!(
+        OUTBOX_HELD_BACK,
+        "Age in seconds of the open transaction (any database of the PostgreSQL server) the next claim event waits for; 0 when none"
+    );
+    gauge!(OUTBOX_HELD_BACK).set(0.0);
     describe_counter!(
         OUTBOX_PUBLISHED,
         "Outbox events JetStream acknowledged and this gateway's relay marked sent"

@@ -38,6 +38,7 @@ use crate::error::DbError;
 
 pub mod cursor;
 pub mod events;
+pub mod held_back;
 pub mod jetstream;
 pub mod relay;
 pub mod store;
@@ -96,6 +97,9 @@ pub struct OutboxStatus {
     /// Age of the oldest unsent event in ms at the last sample; -1 when none.
     oldest_ms: AtomicI64,
     nats: AtomicU8,
+    /// The transaction the relay waits for, at the last sample ([`held_back`]); only
+    /// `/readyz` reads it.
+    held_back: parking_lot::Mutex<Option<held_back::HeldBack>>,
 }
 
 /// The state of the relay's NATS side.
@@ -130,7 +134,15 @@ pub struct OutboxReport {
     pub backlog: Option<i64>,
     pub oldest_unsent_seconds: Option<f64>,
     pub nats: &'static str,
+    /// The oldest transaction of the PostgreSQL server that the next event waits for, when it
+    /// has waited at least [`HELD_BACK_SHOWN_AFTER_SECS`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_back_by: Option<held_back::HeldBack>,
 }
+
+/// A writer's own transactions hold the next event back for milliseconds; a transaction older
+/// than this is news.
+pub const HELD_BACK_SHOWN_AFTER_SECS: f64 = 1.0;
 
 impl Default for OutboxStatus {
     fn default() -> Self {
@@ -138,6 +150,7 @@ impl Default for OutboxStatus {
             backlog: AtomicI64::new(-1),
             oldest_ms: AtomicI64::new(-1),
             nats: AtomicU8::new(NatsState::NotConfigured as u8),
+            held_back: parking_lot::Mutex::new(None),
         }
     }
 }
@@ -156,7 +169,12 @@ impl OutboxStatus {
             backlog: (backlog >= 0).then_some(backlog),
             oldest_unsent_seconds: (oldest >= 0).then(|| oldest as f64 / 1000.0),
             nats: nats.as_str(),
+            held_back_by: self.held_back.lock().clone(),
         }
+    }
+
+    fn set_held_back(&self, by: Option<held_back::HeldBack>) {
+        *self.held_back.lock() = by;
     }
 
     fn set_backlog(&self, events: i64, oldest: Option<f64>) {

@@ -12,9 +12,10 @@ use uuid::Uuid;
 
 use super::cursor::{self, Position};
 use super::jetstream::Publisher;
-use super::{store, NatsState, OutboxStatus, RelayError};
+use super::{held_back, store, NatsState, OutboxStatus, RelayError, HELD_BACK_SHOWN_AFTER_SECS};
 use crate::config::NatsConfig;
 use crate::metrics as m;
+use crate::repeats;
 
 mod batch;
 use batch::Taken;
@@ -65,6 +66,8 @@ pub struct Relay {
     /// the start.
     floor: i64,
     full_scan_at: Instant,
+    /// The warning about a transaction holding the events back, rate-limited.
+    held_back_log: repeats::Repeats,
 }
 
 impl Relay {
@@ -85,6 +88,7 @@ impl Relay {
             state: NatsState::Ok,
             floor: 0,
             full_scan_at: Instant::now(),
+            held_back_log: repeats::Repeats::default(),
         }
     }
 
@@ -236,6 +240,47 @@ impl Relay {
             }
             Err(e) => tracing::debug!(error = %e, "could not count the outbox backlog"),
         }
+        self.sample_held_back().await;
+    }
+
+    /// Names the transaction the next event waits for, in `/readyz`, the metric and the log
+    /// (the first time, when it changes, then every 10 s, and when it ends).
+    async fn sample_held_back(&self) {
+        let found = match held_back::find(&self.db).await {
+            Ok(found) => found.filter(|h| h.age_seconds >= HELD_BACK_SHOWN_AFTER_SECS),
+            Err(e) => {
+                tracing::debug!(error = %e, "could not look for a transaction holding the relay back");
+                return;
+            }
+        };
+        m::outbox_held_back(found.as_ref().map_or(0.0, |h| h.age_seconds));
+        match &found {
+            Some(h) => {
+                let what = format!("{:?}:{}", h.database, h.pid);
+                if let Some(o) = self.held_back_log.occurred(repeats::BACKEND, &what) {
+                    tracing::warn!(
+                        database = h.database.as_deref().unwrap_or("?"),
+                        pid = h.pid,
+                        state = h.state.as_deref().unwrap_or("?"),
+                        age_seconds = h.age_seconds.round(),
+                        repeated = o.repeated,
+                        "claim events wait for an open transaction of the PostgreSQL server \
+                         (it holds pg_snapshot_xmin back); end it, e.g. \
+                         SELECT pg_terminate_backend(pid)"
+                    );
+                }
+            }
+            None => {
+                if let Some(end) = self.held_back_log.clear(repeats::BACKEND) {
+                    repeats::ended(
+                        repeats::BACKEND,
+                        end,
+                        "claim events flow again: the transaction holding them back ended",
+                    );
+                }
+            }
+        }
+        self.status.set_held_back(found);
     }
 
     async fn trim(&self) {

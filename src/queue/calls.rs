@@ -28,6 +28,8 @@ pub struct Report {
     pub window_ms: i64,
     /// Tickets in line.
     pub waiting: i64,
+    /// When the admission ends (unix ms, Redis's clock): fixed when it was made; 0 if none.
+    pub expires_ms: i64,
 }
 
 /// What a join answered.
@@ -77,7 +79,7 @@ fn int(v: Option<&Value>) -> i64 {
 }
 
 fn report(items: &[Value]) -> Result<Report, StoreError> {
-    if items.len() < 9 {
+    if items.len() < 10 {
         return Err(StoreError::Protocol(format!("queue report: {items:?}")));
     }
     let i = |n: usize| int(items.get(n));
@@ -98,6 +100,7 @@ fn report(items: &[Value]) -> Result<Report, StoreError> {
         recent: i(6),
         window_ms: i(7),
         waiting: i(8),
+        expires_ms: i(9),
     })
 }
 

@@ -21,7 +21,6 @@ use sqlx::postgres::PgRow;
 use sqlx::Row;
 
 use crate::auth::AdmissionClaims;
-use crate::config::Secret;
 use crate::sku::SkuId;
 use crate::status::TicketState;
 
@@ -112,24 +111,23 @@ pub fn rfc3339(t: &DateTime<Utc>) -> String {
 }
 
 /// The admission token of an admitted ticket: for this SKU and ticket only, valid until
-/// `admitted_ms` + the admission's ttl (reading the ticket again mints the same expiry, so
-/// polling never extends it).
+/// `expires_ms`, the expiry Redis fixed when it admitted the ticket (reading the ticket again
+/// mints the same expiry, so polling never extends it, and a ttl changed later leaves it).
 ///
 /// # Errors
 /// The signing error (does not happen with an HMAC key).
-pub fn admission_token(
-    secret: &Secret,
+pub fn admission_token<'a>(
+    secret: impl Into<crate::auth::Signer<'a>>,
     sku: &SkuId,
     visitor: &str,
     ticket: &uuid::Uuid,
-    admitted_ms: i64,
-    ttl_seconds: i32,
+    expires_ms: i64,
 ) -> Result<String, jsonwebtoken::errors::Error> {
     crate::auth::sign(
         secret,
         &AdmissionClaims {
             sub: visitor.to_string(),
-            exp: (admitted_ms / 1000 + i64::from(ttl_seconds)).max(0) as u64,
+            exp: (expires_ms / 1000).max(0) as u64,
             sku: Some(sku.to_string()),
             scope: None,
             tid: Some(ticket.to_string()),
@@ -165,6 +163,6 @@ pub fn poll_after_ms(state: TicketState, position: i64, eta: Option<i64>) -> u64
             _ => 3000,
         },
         TicketState::Prequeue | TicketState::SoldOut => 2000,
-        TicketState::Admitted | TicketState::Expired => 5000,
+        TicketState::Admitted | TicketState::Expired | TicketState::Closed => 5000,
     }
 }

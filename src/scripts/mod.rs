@@ -20,6 +20,7 @@
 //!   writers (`ack_journal.lua`, `pending_before.lua`, `reap_consumers.lua`);
 //! - [`books`]: the SKU view's Redis side (`read_books.lua`);
 //! - [`activity`]: retire an idle SKU from the active set (`retire_sku.lua`);
+//! - [`seats`]: a seated SKU's claim of exact seats or best available (`claim_seats.lua`);
 //! - the waiting room's, in `crate::queue::calls` (`queue_config.lua`, `join_queue.lua`,
 //!   `read_ticket.lua`, `admit_queue.lua`).
 
@@ -37,6 +38,7 @@ pub mod fresh;
 pub mod journal;
 pub mod lifecycle;
 pub mod operator;
+pub mod seats;
 pub mod shards;
 
 // The names every caller of a decision uses, as the registry's (and the tests') paths.
@@ -88,6 +90,8 @@ pub struct Scripts {
     pub join_queue: Script,
     pub read_ticket: Script,
     pub admit_queue: Script,
+    /// A seated SKU's claim of exact seats or best available (src/scripts/seats.rs).
+    pub claim_seats: Script,
 }
 
 /// A script that ends holds or gives units back, with `lua/lib/fresh.lua` and
@@ -156,6 +160,7 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     join_queue: queue_script!("join_queue.lua"),
     read_ticket: queue_script!("read_ticket.lua"),
     admit_queue: queue_script!("admit_queue.lua"),
+    claim_seats: fresh_script!("claim_seats.lua"),
 });
 
 /// Loads every script into Redis (SCRIPT LOAD), so the first claim does not pay for it.
@@ -192,6 +197,7 @@ pub async fn load_all<C: ConnectionLike>(con: &mut C) -> Result<(), StoreError> 
         &s.join_queue,
         &s.read_ticket,
         &s.admit_queue,
+        &s.claim_seats,
     ] {
         script.prepare_invoke().load_async(con).await?;
     }

@@ -225,6 +225,29 @@ pub const TICKET_STEPS: &[Step<TicketState>] = {
             recorded_by: &[],
             events: &[],
         },
+        // `closes_at` passed (Redis's clock, as claim.lua's sale window): whoever is still in
+        // line stays there, and admit_queue.lua admits nobody.
+        Step {
+            from: Some(Prequeue),
+            to: Closed,
+            decided_by: &[READ],
+            recorded_by: &[],
+            events: &[],
+        },
+        Step {
+            from: Some(Waiting),
+            to: Closed,
+            decided_by: &[READ],
+            recorded_by: &[],
+            events: &[],
+        },
+        Step {
+            from: Some(SoldOut),
+            to: Closed,
+            decided_by: &[READ],
+            recorded_by: &[],
+            events: &[],
+        },
         // The ttl passed and the visitor holds no unit of the SKU.
         Step {
             from: Some(Admitted),

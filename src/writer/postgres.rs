@@ -25,13 +25,14 @@ use crate::metrics as m;
 /// A hold is written `held` with its `expires_at` (the status its creation event tells).
 const INSERT_ISSUANCES: &str = "INSERT INTO issuances
       (claim_id, sku, user_id, quantity, idempotency_key, remaining_after, created_at, seq,
-       status, expires_at, offer, won_xid)
+       status, expires_at, offer, won_xid, seats)
     SELECT c, s, u, q, k, r, to_timestamp(ms::double precision / 1000), n,
            CASE WHEN ex IS NULL THEN 'issued' ELSE 'held' END,
-           to_timestamp(ex::double precision / 1000), o, pg_current_xact_id()
+           to_timestamp(ex::double precision / 1000), o, pg_current_xact_id(),
+           string_to_array(z, ',')
       FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::int8[], $7::int8[],
-                  $8::int8[], $9::int8[], $10::bool[])
-        AS t(c, s, u, q, k, r, ms, n, ex, o)
+                  $8::int8[], $9::int8[], $10::bool[], $11::text[])
+        AS t(c, s, u, q, k, r, ms, n, ex, o, z)
      WHERE NOT EXISTS (SELECT 1 FROM persistence_pending p WHERE p.claim_id = t.c)
     ON CONFLICT (claim_id) DO NOTHING";
 
@@ -118,6 +119,7 @@ async fn insert(db: &PgPool, rows: &[Winner]) -> Result<(), DbError> {
         .bind(rows.iter().map(|w| w.seq).collect::<Vec<_>>())
         .bind(rows.iter().map(|w| w.expires_ms).collect::<Vec<_>>())
         .bind(rows.iter().map(|w| w.offer).collect::<Vec<_>>())
+        .bind(rows.iter().map(|w| w.seats.as_deref()).collect::<Vec<_>>())
         .execute(db)
         .await?;
     Ok(())

@@ -345,3 +345,43 @@ fn token_takes_a_human_ttl_and_refuses_what_serve_would_refuse() {
     let out = mint(&["--user", "u", "--ttl", "soon"], SECRET);
     assert_eq!(out.status.code(), Some(2), "clap refuses the value");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_with_a_wrong_key_prefix_says_no_state_exists_under_it() {
+    let app = spawn_app().await;
+    app.declare("rec-prefix", 5, 1).await;
+    let wrong = format!("{}x", app.probe.prefix);
+    let out = dropgate()
+        .arg("reconcile")
+        .env("DATABASE_URL", &app.probe.database_url)
+        .env("DROPGATE_KEY_PREFIX", &wrong)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("no state exists under the key prefix \"{wrong}\"")),
+        "{err}"
+    );
+    // The right prefix balances and says nothing of the kind.
+    let out = dropgate()
+        .arg("reconcile")
+        .env("DATABASE_URL", &app.probe.database_url)
+        .env("DROPGATE_KEY_PREFIX", &app.probe.prefix)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("no state exists"));
+}
+
+#[test]
+fn serve_names_the_listen_flag_not_the_variable_when_the_flag_is_wrong() {
+    let out = dropgate()
+        .args(["serve", "--listen", "nope"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--listen \"nope\""), "{err}");
+    assert!(!err.contains("DROPGATE_LISTEN=\"nope\""), "{err}");
+}

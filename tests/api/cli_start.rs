@@ -302,3 +302,46 @@ async fn demo_prints_its_summary_alone_on_stdout_and_reconcile_names_an_unknown_
     assert!(err.contains(r#"no SKU "nope""#), "{err}");
     assert!(!err.contains("UnknownSku"), "{err}");
 }
+
+/// On a terminal (a pseudo-terminal from util-linux's `script`) demo's summary is not buried
+/// in its gateway's INFO lines; RUST_LOG still brings them back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_on_a_terminal_shows_warnings_only_unless_rust_log_asks() {
+    crate::tools::require("script", "bsdutils");
+    let iso = Isolation::new();
+    let run = |rust_log: Option<&str>| {
+        let mut cmd = std::process::Command::new("script");
+        cmd.args(["-qec"])
+            .arg(format!(
+                "{} demo --buyers 20 --units 5",
+                env!("CARGO_BIN_EXE_dropgate")
+            ))
+            .arg("/dev/null")
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("DATABASE_URL", &iso.database_url)
+            .env("DROPGATE_KEY_PREFIX", &iso.prefix)
+            .env("NO_COLOR", "1");
+        if let Some(level) = rust_log {
+            cmd.env("RUST_LOG", level);
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let quiet = run(None);
+    assert!(quiet.contains("won:        5"), "the summary: {quiet}");
+    assert!(
+        !quiet.contains(" INFO "),
+        "no INFO line on a terminal: {quiet}"
+    );
+    let loud = run(Some("info"));
+    assert!(
+        loud.contains(" INFO ") && loud.contains("listening on"),
+        "{loud}"
+    );
+}

@@ -651,6 +651,7 @@ async fn the_writers_insert_creates_claims_as_the_table_says() {
         seq: 1,
         expires_ms,
         offer,
+        seats: None,
     };
     let winners = [
         winner(None, false),

@@ -136,3 +136,32 @@ async fn every_family_is_registered_at_start_with_help_and_type_and_passes_promt
         "promtool check metrics: {said}"
     );
 }
+
+/// The families every Prometheus client exports and a dashboard joins on: the process's own
+/// (`process_*`, read at each scrape) and the build it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_carry_the_process_families_and_build_info() {
+    let app = spawn_app().await;
+    let text = app.get("/metrics").await.text().await.unwrap();
+    let exported = families(&text);
+    for name in [
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_start_time_seconds",
+    ] {
+        assert!(exported.contains_key(name), "no {name} in:\n{text}");
+    }
+    let build = format!(
+        "dropgate_build_info{{version=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(text.lines().any(|l| l == build), "no {build} in:\n{text}");
+    // Read at the scrape: the resident memory is a live figure, not zero.
+    let rss: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("process_resident_memory_bytes "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("a resident memory sample");
+    assert!(rss > 1e6, "{rss}");
+}

@@ -446,6 +446,7 @@ async fn a_journal_entry_written_twice_records_one_claim_won() {
         seq: 1,
         expires_ms: None,
         offer: false,
+        seats: None,
     };
     for _ in 0..2 {
         dropgate::writer::write_batch(

@@ -27,6 +27,7 @@ fn winner(sku: &str, user: &str) -> Winner {
         seq: 1,
         expires_ms: None,
         offer: false,
+        seats: None,
     }
 }
 

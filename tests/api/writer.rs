@@ -321,6 +321,7 @@ async fn compensate_then_write_late(app: &TestApp, sku: &str, all_statuses: bool
         seq: 1,
         expires_ms: None,
         offer: false,
+        seats: None,
     };
     dropgate::writer::write_batch(&app.db, &[stale], Duration::from_millis(50))
         .await

@@ -26,11 +26,12 @@ use redis::aio::ConnectionManager;
 use uuid::Uuid;
 
 use super::world::{World, CLAIM_NOW};
-use crate::helpers::script_sku;
+use patient::patient_sku;
 
 mod check;
 mod ledger;
 mod life;
+mod patient;
 
 use check::Obs;
 
@@ -116,7 +117,7 @@ struct Driver {
 
 async fn run_world(seed: u64, w: u64, steps: u64) -> Result<BTreeMap<String, u64>, String> {
     let mut rng = StdRng::seed_from_u64(seed ^ (w.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
-    let (mut con, keys) = script_sku("m").await;
+    let (mut con, keys) = patient_sku("m").await;
     let limit = rng.random_range(1..4);
     // A SKU with holds has fewer units than its buyers may hold at once, so it sells out and
     // its line forms; units keep coming back (cancels, expiries) to be offered.

@@ -223,3 +223,62 @@ async fn a_gateway_killed_while_admitting_is_taken_over_and_no_ticket_is_admitte
     );
     drop(b);
 }
+
+/// Issue 37.6: an admission token's `exp` is fixed when it is minted. Shortening
+/// `admission_ttl_seconds` afterwards neither expires a ticket admitted before (which would
+/// then read `admitted` again once the ttl grew back) nor lengthening it extends one.
+#[tokio::test]
+async fn an_admissions_expiry_is_fixed_when_minted_whatever_the_ttl_becomes() {
+    let app = spawn_app().await;
+    let sku = "q-ttl";
+    let q = |ttl: i64| json!({"admit_per_second": 50, "admission_ttl_seconds": ttl});
+    assert_eq!(
+        declare_queued(&app, sku, 5, q(600), json!({}))
+            .await
+            .status(),
+        201
+    );
+    let (_, t) = join_retrying(&app, sku, &visitor("t")).await;
+    let id = t["ticket_id"].as_str().unwrap().to_string();
+    let first = until(LONG, || {
+        let (api, id) = (app.clone(), id.clone());
+        async move {
+            let (_, t) = ticket(&api, &id, &visitor("t")).await;
+            (t["state"] == "admitted").then_some(t)
+        }
+    })
+    .await;
+    let expires = first["admission_expires_at"].clone();
+    let adm_ms = admitted(&app.probe, sku).await[0].1;
+    for ttl in [10, 3600] {
+        assert_eq!(
+            declare_queued(&app, sku, 5, q(ttl), json!({}))
+                .await
+                .status(),
+            200
+        );
+        let want = (ttl * 1000).to_string();
+        wait_for(LONG, || async {
+            qfield(&app.probe, sku, "ttl_ms").await.as_deref() == Some(want.as_str())
+        })
+        .await;
+        // Past where a 10 s ttl from the admission would end, on Redis's clock.
+        wait_for(LONG, || async {
+            let mut con = app.probe.redis.clone();
+            let t: (i64, i64) = redis::cmd("TIME").query_async(&mut con).await.unwrap();
+            t.0 * 1000 + t.1 / 1000 > adm_ms + 10_500
+        })
+        .await;
+        let (s, t) = ticket(&app, &id, &visitor("t")).await;
+        assert_eq!(s, 200);
+        assert_eq!(t["state"], "admitted", "ttl {ttl}: {t}");
+        assert_eq!(t["admission_expires_at"], expires, "ttl {ttl}: {t}");
+        assert_eq!(t["admission_token"], first["admission_token"], "ttl {ttl}");
+    }
+    // The expiry Redis keeps for the ticket is the one minted.
+    let k = qkeys(&app.probe, sku);
+    let mut r = app.probe.redis.clone();
+    let tid = uuid::Uuid::parse_str(&id).unwrap();
+    let exp: Option<i64> = r.hget(&k[7], tid.as_bytes().as_slice()).await.unwrap();
+    assert_eq!(exp, Some(adm_ms + 600_000));
+}

@@ -4,6 +4,7 @@
 //! the whole line, failing closed, and the waiting page in Chromium.
 
 mod admission;
+mod closing;
 mod cluster;
 mod core;
 mod fairness;
@@ -96,7 +97,7 @@ pub async fn claim_with(api: &Api, sku: &str, token: &str) -> (u16, Value) {
 }
 
 /// The queue's Redis keys of `sku` under the probe's prefix: hash, line, admitted.
-pub fn qkeys(probe: &Probe, sku: &str) -> [String; 7] {
+pub fn qkeys(probe: &Probe, sku: &str) -> [String; 8] {
     dropgate::keys::SkuKeys::new(&probe.prefix, sku).queue()
 }
 

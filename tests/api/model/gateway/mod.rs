@@ -83,6 +83,11 @@ async fn the_gateway_keeps_every_invariant_under_seeded_faults() {
             ("DROPGATE_REDIS_TIMEOUT_MS", "150".to_string()),
             ("DROPGATE_REPROCESS_MAX_ATTEMPTS", "3".to_string()),
             ("DROPGATE_NATS_URL", nats.url()),
+            // A rotation under way: tokens signed by either secret verify (ops::own_token).
+            (
+                "DROPGATE_ADMISSION_SECRET",
+                format!("{}={},{SECRET}", ops::ROTATED_KID, ops::ROTATED),
+            ),
         ]);
         redis_proxies.push(Arc::new(rp));
         pg_proxies.push(Arc::new(pp));

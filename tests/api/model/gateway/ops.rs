@@ -1,6 +1,9 @@
 //! The clients' operations, one per step, drawn from the step's own seeded generator: claims
 //! (fresh keys, replays of earlier keys, no key; one unit or several; tokens with and without
-//! `sku`, and tokens for another SKU, which must be refused), the hold and waitlist operations
+//! `sku`, tokens as an identity provider issues them (an OAuth scope list, `aud`, `iat`, `jti`,
+//! a past `nbf`, the rotated secret named by `kid`), and tokens that must be refused: for
+//! another SKU, a `kid` under another secret, a future `nbf`, a visitor's `queue` scope), the
+//! hold and waitlist operations
 //! (`holds.rs`) and the operator's (`admin.rs`).
 
 use std::time::Instant;
@@ -60,12 +63,55 @@ pub fn buyer(rng: &mut StdRng, sku: &str) -> String {
     }
 }
 
-/// The buyer's admission token: unscoped, or carrying the SKU it is used on.
+/// The model's gateways hold two admission secrets (a rotation under way): this one first,
+/// named [`ROTATED_KID`], then the tests' `SECRET`, unnamed (docs/tokens.md).
+pub const ROTATED: &str = "model-rotated-secret-0123456789";
+pub const ROTATED_KID: &str = "mk2";
+
+/// The buyer's admission token: unscoped, carrying the SKU it is used on, or an identity
+/// provider's access token (with or without `sku`).
 pub fn own_token(rng: &mut StdRng, user: &str, sku: &str) -> String {
-    if rng.random_bool(0.3) {
-        token_for(user, sku)
-    } else {
-        token(user)
+    match rng.random_range(0..10) {
+        0..=2 => token_for(user, sku),
+        3 => idp_token(rng, user, Some(sku), json!({})),
+        4 => idp_token(rng, user, None, json!({})),
+        _ => token(user),
+    }
+}
+
+/// An access token as identity providers issue them, signed with the rotated secret by its
+/// `kid`: a scope list without `queue`, `aud`, `iat`, `jti`, a past `nbf` (past any skew of
+/// the gateways' clocks), an unknown claim; `extra` claims on top.
+fn idp_token(rng: &mut StdRng, user: &str, sku: Option<&str>, extra: Value) -> String {
+    let now = chrono::Utc::now().timestamp();
+    let mut c = json!({
+        "sub": user, "exp": now + 600, "iat": now, "nbf": now - 120,
+        "jti": format!("j{}", rng.random::<u64>()), "scope": "openid profile",
+        "aud": ["shop", "dropgate"], "azp": "web",
+    });
+    if let Some(sku) = sku {
+        c["sku"] = json!(sku);
+    }
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        c[k] = v.clone();
+    }
+    crate::tokens::hs256(&c, ROTATED, Some(ROTATED_KID))
+}
+
+/// A token of this buyer the gateway must refuse (401): for another SKU, naming the rotated
+/// key's `kid` but signed with the other secret, before its `nbf` (beyond any clock skew), or
+/// a visitor token (`queue` in its scope list).
+fn refused_token(rng: &mut StdRng, user: &str, sku: &str) -> String {
+    let now = chrono::Utc::now().timestamp();
+    match rng.random_range(0..4) {
+        0 => foreign_token(user, sku),
+        1 => crate::tokens::hs256(
+            &json!({"sub": user, "exp": now + 600}),
+            crate::helpers::SECRET,
+            Some(ROTATED_KID),
+        ),
+        2 => idp_token(rng, user, None, json!({"nbf": now + 600})),
+        _ => idp_token(rng, user, None, json!({"scope": "openid queue"})),
     }
 }
 
@@ -200,8 +246,8 @@ pub async fn claim_as(
     Ok(())
 }
 
-/// A claim with a token for another SKU: 401 `unauthorized`, and nothing moves (its key must
-/// never appear in the ledger).
+/// A claim with a token that must be refused ([`refused_token`]): 401 `unauthorized`, and
+/// nothing moves (its key must never appear in the ledger).
 async fn foreign_token_claim(cx: &Ctx<'_>, rng: &mut StdRng, step: u64) -> Result<(), String> {
     let sku = SKUS[rng.random_range(0..SKUS.len())].name;
     let user = buyer(rng, sku);
@@ -209,7 +255,7 @@ async fn foreign_token_claim(cx: &Ctx<'_>, rng: &mut StdRng, step: u64) -> Resul
     let r = cx
         .http
         .post(format!("{}/v1/skus/{sku}/claims", cx.base))
-        .bearer_auth(foreign_token(&user, sku))
+        .bearer_auth(refused_token(rng, &user, sku))
         .header("idempotency-key", &key)
         .json(&json!({ "quantity": 1 }))
         .send()
@@ -221,7 +267,7 @@ async fn foreign_token_claim(cx: &Ctx<'_>, rng: &mut StdRng, step: u64) -> Resul
         (401, "unauthorized") | (0, "") | (429, _)
     ) {
         return Err(format!(
-            "a claim on {sku} with a token for another SKU: {status} {body}"
+            "a claim on {sku} with a token to refuse: {status} {body}"
         ));
     }
     let mut h = cx.history.lock();

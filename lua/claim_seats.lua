@@ -1,0 +1,202 @@
+-- claim_seats.lua: one claim on a seated SKU, exact seats or best available, in one atomic step.
+--
+-- KEYS[1]  the SKU state hash {stock, limit, seq, stale, inflight, inc, opens_ms, closes_ms}
+--          <prefix>:{<sku>}:state (stock = free seats)
+-- KEYS[2]  per-user seat counts (hash user -> seats held)        <prefix>:{<sku>}:users
+-- KEYS[3]  the winners' journal (stream, group "writers")         <prefix>:{<sku>}:journal
+-- KEYS[4]  the seat map: one bit per seat, 1 = sold or held, rows one after another in
+--          declared order, most significant bit first (SETBIT's order)  <prefix>:{<sku>}:seats
+-- KEYS[5]  the idempotency records (hash field -> record)          <prefix>:{<sku>}:idem
+--
+-- ARGV[1]  now, unix milliseconds
+-- ARGV[2]  floor "seq:inc" (lib/fresh.lua, prepended)
+-- ARGV[3]  the claim id (a call of one claim: src/ids.rs, index 0)
+-- ARGV[4]  the user id
+-- ARGV[5]  mode: "x" exact seats, "b" best available adjacent, "f" best available, any seats
+-- ARGV[6]  n, the number of seats
+-- ARGV[7]  mode b/f: the candidate rows in order (best first), "offset:count:prefix;..."
+--          (prefix "A-1-": a seat's id is prefix .. its number); mode x: the seats,
+--          "bit:id;bit:id;..."
+-- ARGV[8]  the idempotency record's field (src/keys.rs `idempotency_field`), "" for none
+-- ARGV[9]  the Idempotency-Key ("" for none)
+-- ARGV[10] the request's fingerprint (a replay must be the same request)
+--
+-- Returns {"lost"} (Redis lost the SKU), {"stale"} (state marked stale or behind the floor),
+-- {"won", remaining, id...}, {"replay", record} (record "fingerprint|claim_id|remaining|ids"),
+-- {"reused"} (same key, another request), {"limit", held}, {"not_open", opens_ms},
+-- {"closed", closes_ms}, {"sold_out", free}, {"taken", id...} (exact seats not free),
+-- {"no_adjacent", largest_block}.
+--
+-- A win writes, in the same step: the seats' bits, stock - n, seq + 1, inflight + n, the
+-- user's count, one journal entry in claim.lua's layout (k t q r c) plus `z`, the seat ids
+-- comma-joined, and the idempotency record when keyed.
+--
+-- Keeps I1 (a seat's bit is set by exactly one live claim; stock always equals the map's free
+-- seats), I2 (every win journaled in the same step), I3 (the limit counts seats), I4 (a replay
+-- returns the same seats; docs/invariants.md, docs/seats.md).
+local state, users, journal, map, idems = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local head = redis.call('HMGET', state, 'stock', 'limit', 'seq', 'stale', 'inflight', 'inc',
+  'opens_ms', 'closes_ms')
+if not head[1] then
+  return {'lost'}
+end
+if head[4] or close_if_behind(head[3], head[6], ARGV[2]) then
+  return {'stale'}
+end
+local user, mode, n = ARGV[4], ARGV[5], tonumber(ARGV[6])
+local field, print = ARGV[8], ARGV[10]
+if field ~= '' then
+  local prior = redis.call('HGET', idems, field)
+  if prior then
+    if string.sub(prior, 1, #print + 1) == print .. '|' then
+      return {'replay', prior}
+    end
+    return {'reused'}
+  end
+end
+if head[7] or head[8] then
+  local t = redis.call('TIME')
+  local rnow = t[1] * 1000 + math.floor(t[2] / 1000)
+  if head[7] and rnow < tonumber(head[7]) then
+    return {'not_open', head[7]}
+  end
+  if head[8] and rnow >= tonumber(head[8]) then
+    return {'closed', head[8]}
+  end
+end
+local held = tonumber(redis.call('HGET', users, user) or '0')
+if held + n > tonumber(head[2]) then
+  return {'limit', held}
+end
+local stock = tonumber(head[1])
+if stock < n then
+  return {'sold_out', stock}
+end
+
+local bits, ids = {}, {}
+if mode == 'x' then
+  local taken = {}
+  for b, id in string.gmatch(ARGV[7], '(%d+):([^;]+)') do
+    if redis.call('GETBIT', map, b) == 1 then
+      taken[#taken + 1] = id
+    end
+    bits[#bits + 1], ids[#ids + 1] = tonumber(b), id
+  end
+  if #taken > 0 then
+    return {'taken', unpack(taken)}
+  end
+else
+  local rows = {}
+  for o, c, p in string.gmatch(ARGV[7], '(%d+):(%d+):([^;]*)') do
+    rows[#rows + 1] = {tonumber(o), tonumber(c), p}
+  end
+  local first = rows[1][1]
+  local last = rows[#rows][1] + rows[#rows][2] - 1
+  local base = math.floor(first / 8) * 8
+  local span = redis.call('GETRANGE', map, math.floor(first / 8), math.floor(last / 8))
+  -- The row's free seats, 1-based: free[i] is seat i.
+  local function free_of(o, c)
+    local free = {}
+    for i = 1, c do
+      local at = o + i - 1 - base
+      local byte = string.byte(span, math.floor(at / 8) + 1) or 0
+      free[i] = math.floor(byte / 2 ^ (7 - at % 8)) % 2 == 0
+    end
+    return free
+  end
+  -- The best start of n adjacent seats in a row (nil: none), and the row's largest block.
+  -- Twice the distance of a run's middle from the row's middle: |2s + n - 1 - (c + 1)|.
+  local function best_in_row(free, c)
+    local best, bestd, any, anyd, largest = nil, nil, nil, nil, 0
+    local i = 1
+    while i <= c do
+      if free[i] then
+        local a = i
+        while i <= c and free[i] do
+          i = i + 1
+        end
+        local b = i - 1
+        if b - a + 1 > largest then
+          largest = b - a + 1
+        end
+        for s = a, b - n + 1 do
+          local d = math.abs(2 * s + n - 2 - c)
+          if s - a ~= 1 and b - s - n + 1 ~= 1 and (not bestd or d < bestd) then
+            best, bestd = s, d
+          end
+          if not anyd or d < anyd then
+            any, anyd = s, d
+          end
+        end
+      else
+        i = i + 1
+      end
+    end
+    return best or any, largest
+  end
+  local largest, free_total = 0, 0
+  for _, r in ipairs(rows) do
+    local o, c, p = r[1], r[2], r[3]
+    local free = free_of(o, c)
+    if mode == 'b' then
+      local s, l = best_in_row(free, c)
+      if l > largest then
+        largest = l
+      end
+      if s then
+        for k = s, s + n - 1 do
+          bits[#bits + 1], ids[#ids + 1] = o + k - 1, p .. k
+        end
+        break
+      end
+    else
+      -- Any seats: this row's free seats nearest its middle first (ties: the lower number).
+      local order = {}
+      for i = 1, c do
+        if free[i] then
+          order[#order + 1] = i
+        end
+      end
+      table.sort(order, function(x, y)
+        local dx, dy = math.abs(2 * x - c - 1), math.abs(2 * y - c - 1)
+        return dx < dy or (dx == dy and x < y)
+      end)
+      for _, i in ipairs(order) do
+        if #bits < n then
+          bits[#bits + 1], ids[#ids + 1] = o + i - 1, p .. i
+        end
+      end
+      if #bits == n then
+        break
+      end
+    end
+    for i = 1, c do
+      if free[i] then
+        free_total = free_total + 1
+      end
+    end
+  end
+  if #bits < n then
+    if mode == 'f' or free_total < n then
+      return {'sold_out', free_total}
+    end
+    return {'no_adjacent', largest}
+  end
+end
+
+for _, b in ipairs(bits) do
+  redis.call('SETBIT', map, b, 1)
+end
+local left = stock - n
+local seq = tonumber(head[3] or '0')
+redis.call('HSET', state, 'stock', left, 'seq', seq + 1, 'inflight',
+  tonumber(head[5] or '0') + n)
+redis.call('HSET', users, user, held + n)
+local key = ARGV[9]
+local seats = table.concat(ids, ',')
+redis.call('XADD', journal, '*', 'k', ARGV[3], 't', ARGV[1], 'q', seq, 'r', stock,
+  'c', string.format('0|%d|%d|%s%s', n, #user, user, key), 'z', seats)
+if field ~= '' then
+  redis.call('HSET', idems, field, string.format('%s|%s|%d|%s', print, ARGV[3], left, seats))
+end
+return {'won', left, unpack(ids)}
