@@ -30,7 +30,7 @@ pub struct LedgerSums {
     pub offered: i64,
 }
 
-/// SKUs whose kept sums (`sku_books`) differ from a full recount of their `issuances` rows:
+/// SKUs whose kept sums (`sku_books_kept`) differ from a full recount of their `issuances` rows:
 /// `reconcile` checks them (a trigger dropped or bypassed would otherwise go unseen).
 ///
 /// # Errors
@@ -51,8 +51,8 @@ pub async fn ledger_sums<'e>(
     db: impl sqlx::PgExecutor<'e>,
     sku: &SkuId,
 ) -> Result<LedgerSums, DbError> {
-    // `issuances` is read through its per-SKU sums (`sku_books`, kept by triggers in the
-    // transaction of every change, migration 0019): one row whatever the SKU's history. Summing
+    // `issuances` is read through its per-SKU sums (`sku_books_kept`, kept by triggers in the
+    // transaction of every change, migration 0019): a few rows whatever the SKU's history. Summing
     // the rows here made the time between the view's two Redis reads grow with every unit sold,
     // until a fenced reading no longer fit (issue 37, docs/ledger-view.md).
     Ok(sqlx::query_as(
@@ -72,7 +72,7 @@ pub async fn ledger_sums<'e>(
            (SELECT count(*) FROM waitlist WHERE sku = $1 AND status = 'waiting') AS waiting,
            (SELECT count(*) FROM waitlist WHERE sku = $1 AND status = 'offered') AS offered
          FROM (SELECT $1::text AS sku) k
-         LEFT JOIN sku_books i ON i.sku = k.sku",
+         LEFT JOIN sku_books_kept i ON i.sku = k.sku",
     )
     .bind(sku)
     .fetch_one(db)

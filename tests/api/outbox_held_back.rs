@@ -1,7 +1,8 @@
 //! The relay says why it waits (issue 37.5): a transaction left open in another database of the
 //! same PostgreSQL server holds every new `claim.won` back (`pg_snapshot_xmin`); `/readyz`,
 //! `dropgate_outbox_held_back_seconds` and the log name it, and once it ends every event flows,
-//! each once and in order.
+//! each once and in order. The server is the test's own: a transaction held open on the
+//! shared server would hold back every other test's relay and outbox cursor for as long.
 
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ use uuid::Uuid;
 
 use crate::helpers::*;
 use crate::outbox::{check_once_in_order, stream_events, stream_len, unsent};
-use crate::services::PrivateNats;
+use crate::services::{PrivateNats, PrivatePostgres};
 
 /// The held-back gauge as `/metrics` shows it.
 async fn held_back_metric(api: &Api) -> Option<f64> {
@@ -30,7 +31,12 @@ async fn readyz_outbox(api: &Api) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_transaction_in_another_database_is_named_then_events_flow_once_in_order() {
     let nats = PrivateNats::start().await;
-    let app = spawn_app_with(|c| c.nats_url = Some(nats.url())).await;
+    let pg = PrivatePostgres::start().await;
+    let app = spawn_app_with(|c| {
+        c.nats_url = Some(nats.url());
+        c.database_url = pg.url("dropgate");
+    })
+    .await;
     app.declare("held", 10, 1).await;
     // Another database of the same server, and a session in it that took a transaction id
     // and went idle, as a forgotten psql session does.
@@ -38,14 +44,14 @@ async fn an_open_transaction_in_another_database_is_named_then_events_flow_once_
         "dg_test_idle_{}",
         &Uuid::new_v4().simple().to_string()[..12]
     );
-    let server = PgPool::connect(&format!("{PG_BASE}/postgres"))
+    let server = PgPool::connect(&pg.url("postgres"))
         .await
         .unwrap();
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {other}")))
         .execute(&server)
         .await
         .unwrap();
-    let mut idle = PgConnection::connect(&format!("{PG_BASE}/{other}"))
+    let mut idle = PgConnection::connect(&pg.url(&other))
         .await
         .unwrap();
     let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
