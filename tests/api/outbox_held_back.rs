@@ -44,16 +44,12 @@ async fn an_open_transaction_in_another_database_is_named_then_events_flow_once_
         "dg_test_idle_{}",
         &Uuid::new_v4().simple().to_string()[..12]
     );
-    let server = PgPool::connect(&pg.url("postgres"))
-        .await
-        .unwrap();
+    let server = PgPool::connect(&pg.url("postgres")).await.unwrap();
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {other}")))
         .execute(&server)
         .await
         .unwrap();
-    let mut idle = PgConnection::connect(&pg.url(&other))
-        .await
-        .unwrap();
+    let mut idle = PgConnection::connect(&pg.url(&other)).await.unwrap();
     let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
         .fetch_one(&mut idle)
         .await

@@ -38,10 +38,11 @@ async fn the_kept_sums_follow_every_ledger_change_and_reconcile_flags_one_bypass
     let results = release_buyers(&app.api, "bk", users("b", 30)).await;
     assert_eq!(won_ids(&results).len(), 20);
     app.drained("bk").await;
-    let kept: (i64, i64) = sqlx::query_as("SELECT recorded, held FROM sku_books_kept WHERE sku = 'bk'")
-        .fetch_one(&app.db)
-        .await
-        .unwrap();
+    let kept: (i64, i64) =
+        sqlx::query_as("SELECT recorded, held FROM sku_books_kept WHERE sku = 'bk'")
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
     assert_eq!(
         kept,
         (20, 0),
