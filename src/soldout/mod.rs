@@ -251,6 +251,7 @@ mod tests {
     /// Scripts that write `stock` but can only lower it, or only read it.
     const LOWER_ONLY: &[&str] = &[
         "claim.lua",
+        "claim_seats.lua",
         "join_waitlist.lua",
         "transfer_out.lua",
         "line_lease.lua",
