@@ -93,6 +93,13 @@ const NOT_STATUSES: &[&str] = &[
     "not_open",
     "closed",
     "overloaded",
+    // Seats (lua/claim_seats.lua): its modes (exact 'x' is a journal field above), best
+    // adjacent 'b' and best any 'f', and its replies.
+    "b",
+    "f",
+    "no_adjacent",
+    "replay",
+    "reused",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
