@@ -1,7 +1,7 @@
 -- admit_queue.lua: one round of a SKU's admissions (lib/queue.lua prepended), by the gateway
 -- holding the SKU's admission lease; or the release of that lease.
 --
--- KEYS[1..8] the queue keys (see lib/queue.lua)
+-- KEYS[1..10] the queue keys (see lib/queue.lua)
 -- ARGV[1]    the caller's owner token (one per gateway process)
 -- ARGV[2]    the lease, ms
 -- ARGV[3]    most tickets to admit in this round
@@ -20,7 +20,10 @@
 -- restarted) admits nothing more; a new holder takes the next fence and restarts the schedule.
 -- Admissions follow `rate` per second of Redis's clock, at most a second's worth at once; none
 -- at or after closes_at, on the same clock as claim.lua's sale window (an admission then would
--- mint a token no claim can use).
+-- mint a token no claim can use). Admission knows the stock: admitted tickets not yet used or
+-- expired (KEYS[9]) never exceed overbook × (units in stock + live holds), rounded up, so one
+-- unit back admits two visitors at the default 1.5, not a second's worth. A hold counts as one
+-- unit, whatever its quantity (the bound errs towards admitting fewer).
 local me, lease, most = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = q_now()
 local unfit = q_unfit(ARGV[5])
@@ -63,19 +66,41 @@ end
 local rate = q_num(KEYS[1], 'rate')
 credit = math.min(credit + (now - last) * rate / 1000, math.max(1, rate))
 local n = math.min(math.floor(credit), most, waiting)
+if n > 0 then
+  local overbook = tonumber(redis.call('HGET', KEYS[1], 'overbook_milli') or '1500')
+  local units = q_num(KEYS[4], 'stock') + redis.call('ZCARD', KEYS[6])
+  local cap = math.floor((overbook * units + 999) / 1000)
+  redis.call('ZREMRANGEBYSCORE', KEYS[9], '-inf', now)
+  local live = redis.call('ZCARD', KEYS[9])
+  if live + n > cap and live > 0 then
+    -- At the bound: the oldest admissions whose visitor has bought are used, not live (a
+    -- bounded sweep per round; one not swept yet only makes the bound stricter).
+    for _, t in ipairs(redis.call('ZRANGE', KEYS[9], 0, 255)) do
+      local who = redis.call('HGET', KEYS[10], t)
+      if who and tonumber(redis.call('HGET', KEYS[7], who) or '0') > 0 then
+        redis.call('ZREM', KEYS[9], t)
+      end
+    end
+    live = redis.call('ZCARD', KEYS[9])
+  end
+  n = math.max(0, math.min(n, cap - live))
+end
 local admitted = 0
 if n > 0 then
   local popped = redis.call('ZPOPMIN', KEYS[2], n)
   local exp = now + q_num(KEYS[1], 'ttl_ms')
-  local add, exps = {}, {}
+  local add, exps, lives = {}, {}, {}
   for i = 1, #popped, 2 do
     add[#add + 1] = now
     add[#add + 1] = popped[i]
     exps[#exps + 1] = popped[i]
     exps[#exps + 1] = exp
+    lives[#lives + 1] = exp
+    lives[#lives + 1] = popped[i]
   end
   admitted = #popped / 2
   redis.call('ZADD', KEYS[3], unpack(add))
+  redis.call('ZADD', KEYS[9], unpack(lives))
   -- The token's expiry, fixed now: later ttl changes apply to later admissions only.
   redis.call('HSET', KEYS[8], unpack(exps))
   redis.call('HINCRBY', KEYS[1], 'admitted_total', admitted)

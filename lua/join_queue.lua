@@ -1,7 +1,7 @@
 -- join_queue.lua: a visitor joins a SKU's waiting room, once (lib/queue.lua prepended).
 --
--- KEYS[1..8] the queue keys (see lib/queue.lua)
--- KEYS[9]    the visitor's join counter (expires with its window)
+-- KEYS[1..10] the queue keys (see lib/queue.lua)
+-- KEYS[11]   the visitor's join counter (expires with its window)
 -- ARGV[1]    the ticket (16 raw bytes: a function of the secret, the SKU and the visitor, so
 --            the same visitor always names the same ticket)
 -- ARGV[2]    the ticket's pre-queue order (its shuffle key from the committed seed, < 2^52)
@@ -24,12 +24,12 @@ local unfit = q_unfit(ARGV[6])
 if unfit then
   return {unfit}
 end
-local n = redis.call('INCR', KEYS[9])
+local n = redis.call('INCR', KEYS[11])
 if n == 1 then
-  redis.call('PEXPIRE', KEYS[9], tonumber(ARGV[4]))
+  redis.call('PEXPIRE', KEYS[11], tonumber(ARGV[4]))
 end
 if n > tonumber(ARGV[3]) then
-  return {'overloaded', redis.call('PTTL', KEYS[9])}
+  return {'overloaded', redis.call('PTTL', KEYS[11])}
 end
 if q_closed(now) then
   return {'closed'}
@@ -47,6 +47,7 @@ if not redis.call('ZSCORE', KEYS[3], ticket) and not redis.call('ZSCORE', KEYS[2
     score = 4503599627370496 + redis.call('HINCRBY', KEYS[1], 'seq', 1)
   end
   redis.call('ZADD', KEYS[2], score, ticket)
+  redis.call('HSET', KEYS[10], ticket, user)
   created = 1
 end
 local r = q_report(ticket, user, now)

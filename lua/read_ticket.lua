@@ -1,7 +1,7 @@
 -- read_ticket.lua: one waiting-room ticket as its visitor sees it (lib/fresh.lua and
 -- lib/queue.lua prepended). Reads only, but for closing a state older than the floor.
 --
--- KEYS[1..8] the queue keys (see lib/queue.lua)
+-- KEYS[1..10] the queue keys (see lib/queue.lua)
 -- ARGV[1]    the ticket (16 raw bytes)
 -- ARGV[2]    the visitor ("" for the admin: a used admission then reads expired after its ttl)
 -- ARGV[3]    floor: the ledger's mark and incarnation of the SKU's state (see lib/fresh.lua)

@@ -299,10 +299,11 @@ impl SkuKeys {
         format!("{}comp:{}", self.head, claim_id.simple())
     }
 
-    /// The waiting room's keys in the order its scripts take them as `KEYS[1..7]` (see
+    /// The waiting room's keys in the order its scripts take them as `KEYS[1..10]` (see
     /// `lua/lib/queue.lua`): its hash, the line, the admitted set, then the SKU's state,
-    /// waitlist, expiry set and per-user counts, and the admissions' fixed expiries.
-    pub fn queue(&self) -> [String; 8] {
+    /// waitlist, expiry set and per-user counts, the admissions' fixed expiries, the
+    /// admissions not known to be used, and each ticket's visitor.
+    pub fn queue(&self) -> [String; 10] {
         [
             format!("{}q", self.head),
             format!("{}q:line", self.head),
@@ -312,6 +313,8 @@ impl SkuKeys {
             self.expiry(),
             self.users(),
             format!("{}q:exp", self.head),
+            format!("{}q:live", self.head),
+            format!("{}q:who", self.head),
         ]
     }
 

@@ -1,6 +1,6 @@
 -- lib/queue.lua: functions shared by the waiting room's scripts (src/queue/), prepended to
 -- each after lib/fresh.lua; it defines no key of its own. Every script that includes it takes
--- these as KEYS[1..8]:
+-- these as KEYS[1..10]:
 --
 -- KEYS[1]  the queue hash {sku}:q: rate (admissions per second), ttl_ms (how long an admission
 --          is valid), prequeue_ms (the pre-queue opens; 0: from the declare on), seq (arrival
@@ -15,6 +15,10 @@
 -- KEYS[6]  the SKU's expiry set (holds still held: units that may come back)
 -- KEYS[7]  the SKU's per-user counts (an admitted visitor who bought has used the admission)
 -- KEYS[8]  the admissions' expiries: hash ticket -> unix ms (Redis clock), fixed when admitted
+-- KEYS[9]  the admissions not known to be used: sorted set ticket by expiry (unix ms); what
+--          the overbook bound counts (admit_queue.lua)
+-- KEYS[10] each ticket's visitor: hash ticket -> visitor (whose per-user count tells a used
+--          admission)
 --
 -- Invariant (I1, I3): the queue never moves stock or counts; it only decides who may claim,
 -- and every ticket is in the line or in the admitted set, never both.

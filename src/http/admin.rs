@@ -34,6 +34,9 @@ struct QueueBody {
     admit_per_second: i64,
     admission_ttl_seconds: Option<i64>,
     prequeue_from: Option<chrono::DateTime<chrono::FixedOffset>>,
+    /// Admitted tickets not yet used or expired stay within this many times the units that
+    /// can still be sold (default 1.5).
+    overbook: Option<f64>,
 }
 
 /// Longest hold or offer accepted: a week (a checkout, not a reservation system).
@@ -173,6 +176,13 @@ fn queue_terms(
             "queue.admission_ttl_seconds must be in {MIN_ADMISSION_TTL}..={MAX_ADMISSION_TTL}"
         )));
     }
+    let overbook = q.overbook.unwrap_or(crate::queue::DEFAULT_OVERBOOK);
+    if !(overbook.is_finite() && overbook >= 1.0 && overbook <= crate::queue::MAX_OVERBOOK) {
+        return Err(ApiError::BadRequest(format!(
+            "queue.overbook must be in 1..={} (admitted tickets per unit that can still be sold)",
+            crate::queue::MAX_OVERBOOK
+        )));
+    }
     let prequeue_from = q.prequeue_from.map(|t| t.to_utc());
     if let Some(from) = prequeue_from {
         match opens_at {
@@ -199,6 +209,7 @@ fn queue_terms(
         admit_per_second: q.admit_per_second as i32,
         admission_ttl_seconds: ttl as i32,
         prequeue_from,
+        overbook_milli: (overbook * 1000.0).round() as i32,
     })
 }
 

@@ -53,6 +53,8 @@ pub struct QueueTerms {
     pub admit_per_second: i32,
     pub admission_ttl_seconds: i32,
     pub prequeue_from: Option<chrono::DateTime<chrono::Utc>>,
+    /// `overbook` in thousandths.
+    pub overbook_milli: i32,
 }
 
 /// Declares a SKU, seeding its stock in Redis only if absent.
@@ -127,7 +129,8 @@ pub async fn declare(
         // commitment is public from then on (docs/waiting-room.md).
         sqlx::query(
             "UPDATE skus SET queue_admit_per_second = $2, queue_admission_ttl_seconds = $3,
-                    queue_prequeue_from = $4, queue_seed = COALESCE(queue_seed, $5)
+                    queue_prequeue_from = $4, queue_seed = COALESCE(queue_seed, $5),
+                    queue_overbook_milli = $6, queue_version = queue_version + 1
              WHERE sku = $1",
         )
         .bind(sku)
@@ -135,6 +138,7 @@ pub async fn declare(
         .bind(q.admission_ttl_seconds)
         .bind(q.prequeue_from)
         .bind(crate::queue::order::new_seed())
+        .bind(q.overbook_milli)
         .execute(db)
         .await?;
     }
@@ -205,13 +209,7 @@ pub async fn declare(
     if let Some(q) = &row.queue.0 {
         let keys = store.keys(sku.as_str());
         store
-            .bounded(crate::queue::calls::configure(
-                &mut con,
-                &keys,
-                q.admit_per_second,
-                q.admission_ttl_seconds,
-                q.prequeue_from.map_or(0, |t| t.timestamp_millis()),
-            ))
+            .bounded(crate::queue::calls::configure(&mut con, &keys, &crate::queue::RedisSettings::from(q)))
             .await?;
     }
     catalog.load(sku).await?;

@@ -17,6 +17,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use super::calls::{self, Round};
+use super::RedisSettings;
 use crate::metrics::{QUEUE_ADMITTED as ADMITTED, QUEUE_LAG as LAG, QUEUE_WAITING as WAITING};
 use crate::repeats::{self, Repeats};
 use crate::sku::SkuId;
@@ -35,19 +36,15 @@ const REFRESH: Duration = Duration::from_secs(2);
 /// Most tickets one round admits (a round's script stays short).
 const MOST_PER_ROUND: u32 = 2000;
 
-/// A queued SKU's catalog columns: sku, rate, ttl, pre-queue start.
+/// A queued SKU's catalog columns: sku, rate, ttl, pre-queue start, overbook, version.
 type QueuedRow = (
     String,
     i32,
     Option<i32>,
     Option<chrono::DateTime<chrono::Utc>>,
+    Option<i32>,
+    i64,
 );
-
-struct Queued {
-    rate: i32,
-    ttl: i32,
-    prequeue_ms: i64,
-}
 
 pub struct Admitter {
     pub store: Store,
@@ -70,7 +67,7 @@ struct Seat {
 impl Admitter {
     pub async fn run(self, shutdown: CancellationToken) {
         let owner = self.owner.to_string();
-        let mut queued: HashMap<String, Queued> = HashMap::new();
+        let mut queued: HashMap<String, RedisSettings> = HashMap::new();
         let mut seats: HashMap<String, Seat> = HashMap::new();
         let mut refreshed: Option<Instant> = None;
         let faults = Repeats::default();
@@ -188,21 +185,23 @@ impl Admitter {
         }
     }
 
-    async fn reload(&self) -> Result<HashMap<String, Queued>, sqlx::Error> {
+    async fn reload(&self) -> Result<HashMap<String, RedisSettings>, sqlx::Error> {
         let rows: Vec<QueuedRow> = sqlx::query_as(
             "SELECT sku, queue_admit_per_second, queue_admission_ttl_seconds,
-                        queue_prequeue_from
+                        queue_prequeue_from, queue_overbook_milli, queue_version
                    FROM skus WHERE queue_admit_per_second IS NOT NULL",
         )
         .fetch_all(&self.db)
         .await?;
         Ok(rows
             .into_iter()
-            .map(|(sku, rate, ttl, from)| {
-                let q = Queued {
+            .map(|(sku, rate, ttl, from, overbook, version)| {
+                let q = RedisSettings {
                     rate,
-                    ttl: ttl.unwrap_or(super::DEFAULT_ADMISSION_TTL as i32),
+                    ttl_seconds: ttl.unwrap_or(super::DEFAULT_ADMISSION_TTL as i32),
                     prequeue_ms: from.map_or(0, |t| t.timestamp_millis()),
+                    overbook_milli: overbook.unwrap_or(super::DEFAULT_OVERBOOK_MILLI),
+                    version,
                 };
                 (sku, q)
             })
@@ -211,19 +210,13 @@ impl Admitter {
 
     /// Writes every queued SKU's settings to Redis (a rate changed on another gateway, a
     /// queue whose keys a restore did not bring back).
-    async fn configure(&self, queued: &HashMap<String, Queued>) {
+    async fn configure(&self, queued: &HashMap<String, RedisSettings>) {
         for (sku, q) in queued {
             let mut con = self.store.hot();
             let keys = self.store.keys(sku);
             let _ = self
                 .store
-                .bounded(calls::configure(
-                    &mut con,
-                    &keys,
-                    q.rate,
-                    q.ttl,
-                    q.prequeue_ms,
-                ))
+                .bounded(calls::configure(&mut con, &keys, q))
                 .await;
         }
     }

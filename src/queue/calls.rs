@@ -117,26 +117,26 @@ fn queue_keys(inv: &mut redis::ScriptInvocation<'_>, keys: &SkuKeys) {
     }
 }
 
-/// Writes the queue's settings (see queue_config.lua). `false`: Redis holds no state for the
-/// SKU.
+/// Writes the queue's settings (see queue_config.lua) unless Redis holds a later version of
+/// them. `false`: Redis holds no state for the SKU.
 ///
 /// # Errors
 /// The Redis error of the call.
 pub async fn configure<C: ConnectionLike>(
     con: &mut C,
     keys: &SkuKeys,
-    admit_per_second: i32,
-    ttl_seconds: i32,
-    prequeue_ms: i64,
+    q: &super::RedisSettings,
 ) -> Result<bool, StoreError> {
-    let [q, _, _, state, ..] = keys.queue();
+    let [queue, _, _, state, ..] = keys.queue();
     let r: i64 = SCRIPTS
         .queue_config
-        .key(q)
+        .key(queue)
         .key(state)
-        .arg(admit_per_second)
-        .arg(i64::from(ttl_seconds) * 1000)
-        .arg(prequeue_ms)
+        .arg(q.rate)
+        .arg(i64::from(q.ttl_seconds) * 1000)
+        .arg(q.prequeue_ms)
+        .arg(q.overbook_milli)
+        .arg(q.version)
         .invoke_async(con)
         .await?;
     Ok(r == 1)

@@ -37,6 +37,33 @@ pub const MAX_ADMIT_PER_SECOND: i64 = 100_000;
 pub const MIN_ADMISSION_TTL: i64 = 10;
 pub const MAX_ADMISSION_TTL: i64 = 24 * 3600;
 pub const DEFAULT_ADMISSION_TTL: i64 = 120;
+/// Admitted tickets not yet used or expired per unit that can still be sold (API.md).
+pub const DEFAULT_OVERBOOK: f64 = 1.5;
+pub const DEFAULT_OVERBOOK_MILLI: i32 = 1500;
+pub const MAX_OVERBOOK: f64 = 100.0;
+
+/// What `queue_config.lua` writes into Redis: one version of a SKU's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisSettings {
+    pub rate: i32,
+    pub ttl_seconds: i32,
+    /// When the pre-queue opens, unix ms (0: from the declare on).
+    pub prequeue_ms: i64,
+    pub overbook_milli: i32,
+    pub version: i64,
+}
+
+impl From<&QueueSettings> for RedisSettings {
+    fn from(q: &QueueSettings) -> Self {
+        RedisSettings {
+            rate: q.admit_per_second,
+            ttl_seconds: q.admission_ttl_seconds,
+            prequeue_ms: q.prequeue_from.map_or(0, |t| t.timestamp_millis()),
+            overbook_milli: q.overbook_milli,
+            version: q.version,
+        }
+    }
+}
 
 /// A SKU's waiting room as its catalog row holds it (`migrations/0014_queue.sql`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -49,6 +76,10 @@ pub struct QueueSettings {
     pub prequeue_from: Option<DateTime<Utc>>,
     /// Hex of the 32 bytes that order the pre-queue; secret until `opens_at`.
     pub seed: String,
+    /// `overbook` in thousandths.
+    pub overbook_milli: i32,
+    /// Raised by every declare with a queue (migration 0022): Redis keeps the highest.
+    pub version: i64,
 }
 
 impl<'r> sqlx::FromRow<'r, PgRow> for QueueRow {
@@ -66,6 +97,10 @@ impl<'r> sqlx::FromRow<'r, PgRow> for QueueRow {
             seed: row
                 .try_get::<Option<String>, _>("queue_seed")?
                 .unwrap_or_default(),
+            overbook_milli: row
+                .try_get::<Option<i32>, _>("queue_overbook_milli")?
+                .unwrap_or(DEFAULT_OVERBOOK_MILLI),
+            version: row.try_get("queue_version")?,
         })))
     }
 }

@@ -462,7 +462,14 @@ async fn queue_scripts_refuse(
 ) {
     use dropgate::error::StoreError;
     use dropgate::queue::calls;
-    assert!(calls::configure(con, keys, 100, 60, 0).await.unwrap());
+    let settings = dropgate::queue::RedisSettings {
+        rate: 100,
+        ttl_seconds: 60,
+        prequeue_ms: 0,
+        overbook_milli: 1500,
+        version: 1,
+    };
+    assert!(calls::configure(con, keys, &settings).await.unwrap());
     let [q, line, admitted, ..] = keys.queue();
     let head = uuid::Uuid::now_v7();
     let _: () = redis::pipe()

@@ -100,6 +100,9 @@ const NOT_STATUSES: &[&str] = &[
     "no_adjacent",
     "replay",
     "reused",
+    // The queue's settings (lua/queue_config.lua): the overbook bound and their version.
+    "overbook_milli",
+    "version",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -8,6 +8,7 @@ mod closing;
 mod cluster;
 mod core;
 mod fairness;
+mod overbook;
 mod page;
 mod waitlist;
 
@@ -97,7 +98,7 @@ pub async fn claim_with(api: &Api, sku: &str, token: &str) -> (u16, Value) {
 }
 
 /// The queue's Redis keys of `sku` under the probe's prefix: hash, line, admitted.
-pub fn qkeys(probe: &Probe, sku: &str) -> [String; 8] {
+pub fn qkeys(probe: &Probe, sku: &str) -> [String; 10] {
     dropgate::keys::SkuKeys::new(&probe.prefix, sku).queue()
 }
 

@@ -420,7 +420,7 @@ fn lost_tickets_allowed(k: &Knobs) -> bool {
 }
 
 /// `q0`'s Redis keys: the queue hash, the line, the admitted set.
-fn keys(probe: &Probe) -> [String; 8] {
+fn keys(probe: &Probe) -> [String; 10] {
     dropgate::keys::SkuKeys::new(&probe.prefix, SKU).queue()
 }
 

@@ -216,7 +216,12 @@ async fn sold_out_reaches_the_line(api: &Api, probe: &Probe) -> Result<(), Strin
         let v = api.view(SKU).await;
         let line_first =
             v["waiting"].as_i64().unwrap_or(0) + v["offered"].as_i64().unwrap_or(0) > 0;
-        if sold_out == 0 && (count().await > before || line_first) {
+        // Admission knows the stock: admitted and unused tickets at the overbook bound (some
+        // admitted while more units were left) already are the unit's buyers, so nobody more
+        // need be admitted (admission_never_passes_overbook_times_the_units_left checks the
+        // bound itself).
+        let (live, cap) = overbook_bound(probe).await?;
+        if sold_out == 0 && (count().await > before || line_first || live >= cap) {
             eprintln!("gateway model: {SKU}: {n} tickets read sold_out, then reopened");
             return Ok(());
         }
@@ -229,4 +234,53 @@ async fn sold_out_reaches_the_line(api: &Api, probe: &Probe) -> Result<(), Strin
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// `q0`'s admitted tickets not yet used or expired (each visitor's per-user count tells a used
+/// one), and the bound they must stay within: ceil(1.5 × (stock + live holds)).
+async fn overbook_bound(probe: &Probe) -> Result<(i64, i64), String> {
+    let k = keys(probe);
+    let mut con = probe.redis.clone();
+    let e = |e: redis::RedisError| e.to_string();
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut con).await.map_err(e)?;
+    let now = secs * 1000 + micros / 1000;
+    let live: Vec<Vec<u8>> = redis::cmd("ZRANGEBYSCORE")
+        .arg(&k[8])
+        .arg(format!("({now}"))
+        .arg("+inf")
+        .query_async(&mut con)
+        .await
+        .map_err(e)?;
+    let mut unused = 0;
+    for t in &live {
+        let who: Option<String> = redis::cmd("HGET")
+            .arg(&k[9])
+            .arg(t.as_slice())
+            .query_async(&mut con)
+            .await
+            .map_err(e)?;
+        let bought: Option<i64> = match &who {
+            Some(w) => redis::cmd("HGET")
+                .arg(&k[6])
+                .arg(w)
+                .query_async(&mut con)
+                .await
+                .map_err(e)?,
+            None => None,
+        };
+        unused += i64::from(bought.unwrap_or(0) <= 0);
+    }
+    let stock: Option<i64> = redis::cmd("HGET")
+        .arg(&k[3])
+        .arg("stock")
+        .query_async(&mut con)
+        .await
+        .map_err(e)?;
+    let holds: i64 = redis::cmd("ZCARD")
+        .arg(&k[5])
+        .query_async(&mut con)
+        .await
+        .map_err(e)?;
+    let units = stock.unwrap_or(0).max(0) + holds;
+    Ok((unused, (1500 * units + 999) / 1000))
 }
