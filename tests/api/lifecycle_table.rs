@@ -100,6 +100,10 @@ const NOT_STATUSES: &[&str] = &[
     "no_adjacent",
     "replay",
     "reused",
+    "taken",
+    "won",
+    // The journal entry's seats field.
+    "z",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
