@@ -100,6 +100,10 @@ const NOT_STATUSES: &[&str] = &[
     "no_adjacent",
     "replay",
     "reused",
+    "taken",
+    "won",
+    // The journal entry's seats field.
+    "z",
     // The queue's settings (lua/queue_config.lua): the overbook bound and their version.
     "overbook_milli",
     "version",
