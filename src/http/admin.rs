@@ -177,7 +177,7 @@ fn queue_terms(
         )));
     }
     let overbook = q.overbook.unwrap_or(crate::queue::DEFAULT_OVERBOOK);
-    if !(overbook.is_finite() && overbook >= 1.0 && overbook <= crate::queue::MAX_OVERBOOK) {
+    if !(1.0..=crate::queue::MAX_OVERBOOK).contains(&overbook) {
         return Err(ApiError::BadRequest(format!(
             "queue.overbook must be in 1..={} (admitted tickets per unit that can still be sold)",
             crate::queue::MAX_OVERBOOK

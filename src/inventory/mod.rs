@@ -209,7 +209,11 @@ pub async fn declare(
     if let Some(q) = &row.queue.0 {
         let keys = store.keys(sku.as_str());
         store
-            .bounded(crate::queue::calls::configure(&mut con, &keys, &crate::queue::RedisSettings::from(q)))
+            .bounded(crate::queue::calls::configure(
+                &mut con,
+                &keys,
+                &crate::queue::RedisSettings::from(q),
+            ))
             .await?;
     }
     catalog.load(sku).await?;

@@ -29,6 +29,12 @@ async fn bad_queue_settings_are_refused_with_a_code_and_change_nothing() {
         (json!({"admit_per_second": 10, "surprise": 1}), json!({})),
         (json!({"admit_per_second": "fast"}), json!({})),
         (json!({"admit_per_second": 10}), json!({"shards": 2})),
+        (json!({"admit_per_second": 10, "overbook": 0.5}), json!({})),
+        (json!({"admit_per_second": 10, "overbook": 101}), json!({})),
+        (
+            json!({"admit_per_second": 10, "overbook": "lots"}),
+            json!({}),
+        ),
     ];
     for (queue, extra) in &bad {
         let r = declare_queued(&app, "q-bad", 10, queue.clone(), extra.clone()).await;

@@ -38,7 +38,11 @@ async fn admission_never_passes_overbook_times_the_units_left() {
     let tickets = join_all(&app, "q-over", "v", 20).await;
     wait_for(LONG, || async { counts(&app.probe, "q-over").await.1 >= 6 }).await;
     a_second_of_rounds(&app.probe, "q-over").await;
-    assert_eq!(counts(&app.probe, "q-over").await, (14, 6), "6 admitted, 14 in line");
+    assert_eq!(
+        counts(&app.probe, "q-over").await,
+        (14, 6),
+        "6 admitted, 14 in line"
+    );
 
     // The first four admitted buy every unit: sold out, nobody more is admitted.
     let adm = admitted(&app.probe, "q-over").await;
@@ -61,17 +65,38 @@ async fn admission_never_passes_overbook_times_the_units_left() {
     wait_for(LONG, || async { counts(&app.probe, "q-over").await.1 >= 7 }).await;
     a_second_of_rounds(&app.probe, "q-over").await;
     assert_eq!(counts(&app.probe, "q-over").await, (13, 7));
-    assert_eq!(app.probe.stock("q-over").await, Some(2), "admission moves no stock");
+    assert_eq!(
+        app.probe.stock("q-over").await,
+        Some(2),
+        "admission moves no stock"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_that_read_the_settings_before_a_change_never_puts_the_old_rate_back() {
     let app = spawn_app().await;
-    let r = declare_queued(&app, "q-ver", 10, json!({"admit_per_second": 100}), json!({})).await;
+    let r = declare_queued(
+        &app,
+        "q-ver",
+        10,
+        json!({"admit_per_second": 100}),
+        json!({}),
+    )
+    .await;
     assert_eq!(r.status(), 201);
-    let r = declare_queued(&app, "q-ver", 10, json!({"admit_per_second": 200}), json!({})).await;
+    let r = declare_queued(
+        &app,
+        "q-ver",
+        10,
+        json!({"admit_per_second": 200}),
+        json!({}),
+    )
+    .await;
     assert_eq!(r.status(), 200);
-    assert_eq!(qfield(&app.probe, "q-ver", "rate").await.as_deref(), Some("200"));
+    assert_eq!(
+        qfield(&app.probe, "q-ver", "rate").await.as_deref(),
+        Some("200")
+    );
     let version: i64 = sqlx::query_scalar("SELECT queue_version FROM skus WHERE sku = 'q-ver'")
         .fetch_one(&app.db)
         .await
@@ -90,6 +115,12 @@ async fn a_gateway_that_read_the_settings_before_a_change_never_puts_the_old_rat
     assert!(dropgate::queue::calls::configure(&mut con, &keys, &older)
         .await
         .unwrap());
-    assert_eq!(qfield(&app.probe, "q-ver", "rate").await.as_deref(), Some("200"));
-    assert_eq!(qfield(&app.probe, "q-ver", "version").await.as_deref(), Some("2"));
+    assert_eq!(
+        qfield(&app.probe, "q-ver", "rate").await.as_deref(),
+        Some("200")
+    );
+    assert_eq!(
+        qfield(&app.probe, "q-ver", "version").await.as_deref(),
+        Some("2")
+    );
 }
