@@ -166,18 +166,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         args.buyers,
         wall.as_secs_f64() * 1e3
     );
-    println!(
-        "ledger:     recorded {} in_flight {} pending {} compensated {} -> {}",
-        view["recorded"],
-        view["in_flight"],
-        view["pending"],
-        view["compensated"],
-        if view["consistent"] == true {
-            "consistent"
-        } else {
-            "MISMATCH"
-        }
-    );
+    println!("{}", ledger_line(&view));
     let expected_won = args.units.min(args.buyers as i64);
     if args.hold_seconds > 0 {
         println!(
@@ -223,4 +212,20 @@ fn balanced(ok: bool, won: i64, expected: i64) -> anyhow::Result<()> {
         format!("the drop did not balance: won {won}, expected {expected}"),
     )
     .into())
+}
+
+/// The summary's ledger line: the SKU view's books and whether they balance.
+fn ledger_line(view: &serde_json::Value) -> String {
+    format!(
+        "ledger:     recorded {} in_flight {} pending {} compensated {} -> {}",
+        view["recorded"],
+        view["in_flight"],
+        view["pending"],
+        view["compensated"],
+        if view["consistent"] == true {
+            "consistent"
+        } else {
+            "MISMATCH"
+        }
+    )
 }

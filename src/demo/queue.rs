@@ -74,6 +74,8 @@ impl Room<'_> {
         println!("opened: seed {seed} (SHA-256 matches the commitment: {checks})");
         let started = Instant::now();
         let (mut won, mut sold_out, mut waiting) = (0, 0, tickets.clone());
+        // Admitted visitors whose claim did not win, by the code they were answered.
+        let mut admitted_lost: std::collections::BTreeMap<String, u64> = Default::default();
         while !waiting.is_empty() && started.elapsed() < Duration::from_secs(300) {
             let mut next = Vec::new();
             for (v, id) in waiting {
@@ -86,8 +88,14 @@ impl Room<'_> {
                 match t["state"].as_str() {
                     Some("admitted") => {
                         let token = t["admission_token"].as_str().unwrap_or("");
-                        if self.claim(sku, token).await?.0 == 201 {
+                        let (status, body) = self.claim(sku, token).await?;
+                        if status == 201 {
                             won += 1;
+                        } else {
+                            let code = body["code"].as_str().unwrap_or("no code").to_string();
+                            *admitted_lost
+                                .entry(format!("{status} {code}"))
+                                .or_default() += 1;
                         }
                     }
                     Some("sold_out") | Some("expired") => sold_out += 1,
@@ -97,15 +105,35 @@ impl Room<'_> {
             waiting = next;
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        let view = self.view(sku).await?;
+        // The winners written before the books are read.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let view = loop {
+            let v = self.view(sku).await?;
+            if v["in_flight"] == 0 || Instant::now() > deadline {
+                break v;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
         println!("admitted:   {}", view["queue"]["admitted"]);
         println!("won:        {won} (with the tokens the queue minted)");
+        let lost: u64 = admitted_lost.values().sum();
+        let mut why: Vec<String> = admitted_lost
+            .iter()
+            .map(|(k, n)| format!("{n} answered {k}"))
+            .collect();
+        why.push(
+            "admission knows the stock: up to 1.5 admitted per unit left, so the last units' \
+             admitted may meet sold_out"
+                .into(),
+        );
+        println!("admitted, did not win: {lost} ({})", why.join("; "));
         println!("told sold out while waiting: {sold_out}");
         println!("still waiting: {}", waiting.len());
         println!(
             "in {:.1} s from the opening",
             started.elapsed().as_secs_f64()
         );
+        println!("{}", super::ledger_line(&view));
         anyhow::ensure!(checks, "the published seed does not match its commitment");
         anyhow::ensure!(won <= args.units, "more won than units");
         Ok(())

@@ -35,8 +35,34 @@ pub(super) fn header<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a s
 }
 
 pub(super) fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T> {
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))
+    // The fast decode first (the hot path's claim bodies); only a refused body is decoded
+    // again, tracking the path, so the detail names the field (`quantity: ...`).
+    serde_json::from_slice(body).map_err(|e| {
+        let mut de = serde_json::Deserializer::from_slice(body);
+        let detail = match serde_path_to_error::deserialize::<_, T>(&mut de) {
+            Err(pe) if pe.path().to_string() != "." => {
+                format!("{}: {}", pe.path(), plain_types(&pe.inner().to_string()))
+            }
+            _ => plain_types(&e.to_string()),
+        };
+        ApiError::BadRequest(format!("invalid JSON body: {detail}"))
+    })
+}
+
+/// serde's Rust type names as a client reads them: `expected i64` says nothing to a front end.
+fn plain_types(message: &str) -> String {
+    let mut s = message.to_string();
+    for (rust, plain) in [
+        ("expected i64", "expected an integer"),
+        ("expected i32", "expected an integer"),
+        ("expected u64", "expected a non-negative integer"),
+        ("expected u32", "expected a non-negative integer"),
+        ("expected u16", "expected a non-negative integer"),
+        ("expected f64", "expected a number"),
+    ] {
+        s = s.replace(rust, plain);
+    }
+    s
 }
 
 pub(super) fn json<T: Serialize>(status: StatusCode, body: &T) -> Response<Body> {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use hyper::header::CONTENT_LENGTH;
+use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::Request;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -82,6 +82,12 @@ impl ConnectionLimit {
 /// [`ApiError::PayloadTooLarge`], [`ApiError::RequestTimeout`] (hyper then closes the
 /// connection: the rest of the body is never read), or [`ApiError::BadRequest`].
 pub(super) async fn read_body(req: Request<Incoming>) -> Result<Bytes, ApiError> {
+    // Every body is JSON. A request without Content-Type is read as JSON (curl -d and many
+    // clients send none); one that names another type is refused (415) unless it is empty.
+    let not_json = req
+        .headers()
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| !is_json(v.to_str().unwrap_or("")));
     let declared = req
         .headers()
         .get(CONTENT_LENGTH)
@@ -93,10 +99,26 @@ pub(super) async fn read_body(req: Request<Incoming>) -> Result<Bytes, ApiError>
     let body = Limited::new(req.into_body(), MAX_BODY_BYTES).collect();
     match tokio::time::timeout(BODY_READ_TIMEOUT, body).await {
         Err(_) => Err(ApiError::RequestTimeout),
-        Ok(Ok(c)) => Ok(c.to_bytes()),
+        Ok(Ok(c)) => {
+            let bytes = c.to_bytes();
+            // An empty body has no type to be wrong (a claim of one unit).
+            if not_json && !bytes.is_empty() {
+                return Err(ApiError::UnsupportedMediaType);
+            }
+            Ok(bytes)
+        }
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::PayloadTooLarge),
         Ok(Err(_)) => Err(ApiError::BadRequest(
             "could not read the request body".into(),
         )),
     }
+}
+
+/// `application/json` or a `+json` type, parameters (`; charset=utf-8`) aside.
+fn is_json(content_type: &str) -> bool {
+    let media = content_type.split(';').next().unwrap_or("").trim();
+    media.eq_ignore_ascii_case("application/json")
+        || media
+            .rsplit_once('+')
+            .is_some_and(|(_, suffix)| suffix.eq_ignore_ascii_case("json"))
 }

@@ -42,6 +42,9 @@ pub enum ApiError {
     UnknownClaim,
     MethodNotAllowed(&'static str),
     PayloadTooLarge,
+    /// A body sent as anything but JSON (`Content-Type` present and not `application/json`
+    /// or `+json`).
+    UnsupportedMediaType,
     SoldOut,
     LimitReached,
     KeyReused,
@@ -119,6 +122,11 @@ impl ApiError {
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "payload_too_large",
                 "Payload too large",
+            ),
+            UnsupportedMediaType => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "Unsupported media type",
             ),
             SoldOut => (StatusCode::CONFLICT, "sold_out", "Sold out"),
             LimitReached => (
@@ -297,8 +305,9 @@ impl ApiError {
             _ => None,
         };
         let bytes = match (detail, claim_id) {
-            // The hot refusals (sold_out above all) carry neither: rendered once per code.
-            (None, None) => plain_body(status, code, title),
+            // The hot refusals (sold_out above all) carry neither, or a fixed detail: rendered
+            // once per title.
+            (None, None) => plain_body(status, code, title, self.fixed_detail()),
             (detail, claim_id) => problem_body(status, code, title, detail, claim_id),
         };
         let mut h = HeaderMap::with_capacity(2);
@@ -323,6 +332,35 @@ impl ApiError {
             _ => {}
         }
         (status, h, bytes)
+    }
+
+    /// The detail of a refusal that says the same every time: what the client can do.
+    fn fixed_detail(&self) -> Option<&'static str> {
+        use ApiError::*;
+        Some(match self {
+            UnknownSku => "no SKU of this id is declared (PUT /admin/skus/{sku} declares one)",
+            UnknownClaim => "no claim of this id is the caller's",
+            UnknownEntry => "no waitlist entry of this id is the caller's",
+            UnknownTicket => "no waiting-room ticket of this id is the caller's",
+            NotFound => "no route has this path; GET /openapi.json lists every route",
+            PayloadTooLarge => "a request body may hold at most 16 KiB",
+            UnsupportedMediaType => "send the body as application/json",
+            KeyReused => {
+                "this Idempotency-Key was used with another request; a retry must send the same \
+                 request, a new request a new key"
+            }
+            InsufficientStock => {
+                "the restock's delta would take the remaining stock below 0; GET the SKU view \
+                 for the remaining units"
+            }
+            NotAdmitted => {
+                "this SKU sells only to the admission tokens its waiting room minted \
+                 (POST /v1/skus/{sku}/queue)"
+            }
+            NotQueued => "the SKU has no waiting room: claim it directly",
+            InStock => "units remain: claim them instead of joining the waitlist",
+            _ => return None,
+        })
     }
 
     /// The metric label of a refused claim.
@@ -360,15 +398,21 @@ fn problem_body(
     Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
 }
 
-/// The body of a problem with no detail and no claim id: the same bytes every time for a
-/// code, so rendered once and shared (a `Bytes` clone is a reference count).
-fn plain_body(status: StatusCode, code: &'static str, title: &'static str) -> Bytes {
+/// The body of a problem with no claim id and a fixed detail or none: the same bytes every
+/// time for a title, so rendered once and shared (a `Bytes` clone is a reference count). By
+/// title, not code: two refusals share `overloaded` (claims waiting, a visitor's joins).
+fn plain_body(
+    status: StatusCode,
+    code: &'static str,
+    title: &'static str,
+    detail: Option<&'static str>,
+) -> Bytes {
     static PLAIN: LazyLock<RwLock<HashMap<&'static str, Bytes>>> = LazyLock::new(Default::default);
-    if let Some(b) = PLAIN.read().get(code) {
+    if let Some(b) = PLAIN.read().get(title) {
         return b.clone();
     }
-    let b = problem_body(status, code, title, None, None);
-    PLAIN.write().insert(code, b.clone());
+    let b = problem_body(status, code, title, detail.map(str::to_string), None);
+    PLAIN.write().insert(title, b.clone());
     b
 }
 

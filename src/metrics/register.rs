@@ -23,14 +23,14 @@ pub(super) fn all() {
         CLAIMS,
         "Claims answered, by outcome (decisions, and 429/503 answers)"
     );
-    for outcome in CLAIM_OUTCOMES {
-        counter!(CLAIMS, "outcome" => *outcome).increment(0);
-    }
     describe_histogram!(
         CLAIM_LATENCY,
-        "Time from a claim's arrival at the decision to Redis's answer, in seconds"
+        "Time from a claim's arrival at the decision to Redis's answer, in seconds, by outcome"
     );
-    let _registered = histogram!(CLAIM_LATENCY);
+    for outcome in CLAIM_OUTCOMES {
+        counter!(CLAIMS, "outcome" => *outcome).increment(0);
+        let _registered = histogram!(CLAIM_LATENCY, "outcome" => *outcome);
+    }
     describe_histogram!(REDIS_CALL, "Duration of one Redis script call, in seconds");
     let _registered = histogram!(REDIS_CALL, "script" => "claim");
     describe_histogram!(

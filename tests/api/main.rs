@@ -39,6 +39,7 @@ mod parked_holds;
 mod parked_restore;
 mod partition;
 mod problems;
+mod refusal_details;
 mod proxy;
 mod queue;
 mod replica_fence;

@@ -1,0 +1,170 @@
+//! Refusals a client can act on (issue 41): a body sent as another type is 415 and changes
+//! nothing, a wrong field is named in plain words, the not-found and conflict answers say what
+//! to do, and the claim latency histogram tells the outcomes apart.
+
+use serde_json::{json, Value};
+
+use crate::helpers::*;
+
+async fn problem(r: reqwest::Response) -> (u16, Value) {
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_sent_as_another_type_is_415_and_changes_nothing() {
+    let app = spawn_app().await;
+    app.declare("mt", 5, 2).await;
+    let send = |ct: &'static str, body: &'static str| {
+        app.http
+            .post(format!("{}/v1/skus/mt/claims", app.base))
+            .bearer_auth(token("u1"))
+            .header("content-type", ct)
+            .body(body)
+            .send()
+    };
+    for (ct, body) in [
+        ("text/plain", r#"{"quantity": 1}"#),
+        ("application/xml", "<claim><quantity>1</quantity></claim>"),
+        ("application/x-www-form-urlencoded", "quantity=1"),
+    ] {
+        let (s, b) = problem(send(ct, body).await.unwrap()).await;
+        assert_eq!(s, 415, "{ct}: {b}");
+        assert_eq!(code(&b), "unsupported_media_type", "{b}");
+        assert_eq!(b["type"], "/problems/unsupported-media-type", "{b}");
+        assert!(b["detail"].as_str().unwrap().contains("application/json"), "{b}");
+    }
+    assert_eq!(app.probe.stock("mt").await, Some(5), "nothing moved");
+    // JSON with a charset, a +json type, and no Content-Type at all are all read as JSON.
+    for ct in ["application/json; charset=utf-8", "application/vnd.api+json"] {
+        let (s, b) = problem(send(ct, r#"{"quantity": 1}"#).await.unwrap()).await;
+        assert_eq!(s, 201, "{ct}: {b}");
+    }
+    let r = app
+        .http
+        .post(format!("{}/v1/skus/mt/claims", app.base))
+        .bearer_auth(token("u2"))
+        .body(r#"{"quantity": 1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    // An empty body has no type to be wrong: one unit.
+    let r = app
+        .http
+        .post(format!("{}/v1/skus/mt/claims", app.base))
+        .bearer_auth(token("u3"))
+        .header("content-type", "text/plain")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    app.drained("mt").await;
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM issuances WHERE sku = 'mt'")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(rows, 4, "the three JSON claims and the empty one, none of the refused");
+    // The admin routes read bodies the same way.
+    let r = app
+        .http
+        .put(format!("{}/admin/skus/mt2", app.base))
+        .bearer_auth(ADMIN)
+        .header("content-type", "text/plain")
+        .body(r#"{"total": 3}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 415);
+    let none: i64 = sqlx::query_scalar("SELECT count(*) FROM skus WHERE sku = 'mt2'")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(none, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_field_is_named_in_plain_words_and_conflicts_say_what_to_do() {
+    let app = spawn_app().await;
+    app.declare("dt", 3, 2).await;
+    let r = app
+        .http
+        .post(format!("{}/v1/skus/dt/claims", app.base))
+        .bearer_auth(token("u1"))
+        .json(&json!({"quantity": "2"}))
+        .send()
+        .await
+        .unwrap();
+    let (s, b) = problem(r).await;
+    assert_eq!((s, code(&b)), (400, "bad_request"), "{b}");
+    let detail = b["detail"].as_str().unwrap();
+    assert!(detail.contains("quantity"), "{detail}");
+    assert!(detail.contains("expected an integer"), "{detail}");
+    assert!(!detail.contains("i64"), "{detail}");
+
+    // Each of these answers says what the client can do next.
+    let unknown = app.claim("nope", "u1", 1, None).await;
+    let (s, b) = problem(unknown).await;
+    assert_eq!((s, code(&b)), (404, "unknown_sku"));
+    assert!(b["detail"].as_str().unwrap().contains("PUT /admin/skus"), "{b}");
+    let (s, b) = problem(app.restock("dt", -10).await).await;
+    assert_eq!((s, code(&b)), (409, "insufficient_stock"));
+    assert!(b["detail"].as_str().unwrap().contains("below 0"), "{b}");
+    let big = "x".repeat(17 * 1024);
+    let r = app
+        .http
+        .post(format!("{}/v1/skus/dt/claims", app.base))
+        .bearer_auth(token("u1"))
+        .header("content-type", "application/json")
+        .body(big)
+        .send()
+        .await
+        .unwrap();
+    let (s, b) = problem(r).await;
+    assert_eq!((s, code(&b)), (413, "payload_too_large"));
+    assert!(b["detail"].as_str().unwrap().contains("16 KiB"), "{b}");
+    let r = app
+        .http
+        .post(format!("{}/v1/skus/dt/claims", app.base))
+        .bearer_auth(token("u9"))
+        .header("idempotency-key", "k-1")
+        .json(&json!({"quantity": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let r = app
+        .http
+        .post(format!("{}/v1/skus/dt/claims", app.base))
+        .bearer_auth(token("u9"))
+        .header("idempotency-key", "k-1")
+        .json(&json!({"quantity": 2}))
+        .send()
+        .await
+        .unwrap();
+    let (s, b) = problem(r).await;
+    assert_eq!((s, code(&b)), (422, "idempotency_key_reused"));
+    assert!(b["detail"].as_str().unwrap().contains("new key"), "{b}");
+    assert_eq!(app.probe.stock("dt").await, Some(2), "only the one claim moved stock");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_claim_latency_histogram_tells_the_outcomes_apart() {
+    let app = spawn_app().await;
+    app.declare("lat", 1, 1).await;
+    assert_eq!(app.claim("lat", "a", 1, None).await.status(), 201);
+    assert_eq!(app.claim("lat", "b", 1, None).await.status(), 409);
+    let m = app.get("/metrics").await.text().await.unwrap();
+    for outcome in ["won", "sold_out"] {
+        let count = m
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(&format!(
+                    "dropgate_claim_latency_seconds_count{{outcome=\"{outcome}\"}} "
+                ))
+            })
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+        assert!(count >= 1.0, "{outcome}: {count}");
+    }
+}
