@@ -9,3 +9,6 @@
 --   older rate back (lua/queue_config.lua).
 ALTER TABLE skus ADD COLUMN queue_overbook_milli integer;
 ALTER TABLE skus ADD COLUMN queue_version bigint NOT NULL DEFAULT 0;
+-- - `queue_page`: how the waiting page looks and where it hands an admitted visitor back
+--   (JSON: return_url, site_name, colour, background, logo; docs/waiting-room.md "The page").
+ALTER TABLE skus ADD COLUMN queue_page text;

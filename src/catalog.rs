@@ -311,7 +311,7 @@ pub async fn fetch(db: &PgPool, sku: &SkuId) -> Result<Option<Sku>, DbError> {
         "SELECT sku, total, per_user_limit, hold_seconds, seeded, redis_seq, declare_id,
                 offer_seconds, opens_at, closes_at, tag, shards, shard_salts,
                 queue_admit_per_second, queue_admission_ttl_seconds, queue_prequeue_from,
-                queue_seed, queue_overbook_milli, queue_version, seats
+                queue_seed, queue_overbook_milli, queue_version, queue_page, seats
            FROM skus WHERE sku = $1",
     )
     .bind(sku)

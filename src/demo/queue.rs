@@ -93,9 +93,7 @@ impl Room<'_> {
                             won += 1;
                         } else {
                             let code = body["code"].as_str().unwrap_or("no code").to_string();
-                            *admitted_lost
-                                .entry(format!("{status} {code}"))
-                                .or_default() += 1;
+                            *admitted_lost.entry(format!("{status} {code}")).or_default() += 1;
                         }
                     }
                     Some("sold_out") | Some("expired") => sold_out += 1,

@@ -37,6 +37,8 @@ struct QueueBody {
     /// Admitted tickets not yet used or expired stay within this many times the units that
     /// can still be sold (default 1.5).
     overbook: Option<f64>,
+    /// The waiting page's look and where it hands an admitted visitor back.
+    page: Option<crate::queue::page::PageSettings>,
 }
 
 /// Longest hold or offer accepted: a week (a checkout, not a reservation system).
@@ -183,6 +185,9 @@ fn queue_terms(
             crate::queue::MAX_OVERBOOK
         )));
     }
+    if let Some(page) = &q.page {
+        page.check().map_err(ApiError::BadRequest)?;
+    }
     let prequeue_from = q.prequeue_from.map(|t| t.to_utc());
     if let Some(from) = prequeue_from {
         match opens_at {
@@ -210,6 +215,7 @@ fn queue_terms(
         admission_ttl_seconds: ttl as i32,
         prequeue_from,
         overbook_milli: (overbook * 1000.0).round() as i32,
+        page: q.page.clone(),
     })
 }
 

@@ -258,16 +258,32 @@ fn ticket_view<'a>(
 
 /// `GET /queue/{sku}`: the page a waiting buyer's browser shows. Everything it needs is in
 /// the page itself (no asset from another host); it reads the visitor token from the URL's
-/// fragment (never sent to a server) or the page's form, joins, then polls the ticket.
-pub(super) fn page(sku: &str) -> Result<Response<Body>> {
+/// fragment (never sent to a server), joins, then polls the ticket; with the shop's
+/// `return_url` it hands an admitted visitor back with the token in that URL's fragment. In
+/// the shop's colours and name, in the visitor's language (`Accept-Language`).
+pub(super) async fn page(
+    state: &AppState,
+    sku: &str,
+    req: &Request<Incoming>,
+) -> Result<Response<Body>> {
     let sku = check_sku(sku)?;
-    let html = include_str!("../queue/page.html").replace("{{SKU}}", sku.as_str());
+    // The page of a SKU the catalog cannot tell (unknown, or PostgreSQL away) is the plain
+    // one: it still joins and polls, and the JSON routes say what is wrong.
+    let entry = state.catalog.get(sku).await.ok().flatten();
+    let settings = entry
+        .as_ref()
+        .and_then(|e| e.queue.0.as_ref())
+        .and_then(|q| q.page.as_ref());
+    let lang = q::page::Lang::from_header(header(req, "accept-language"));
+    let html = q::page::render(sku.as_str(), settings, lang);
     let mut resp = Response::new(full(Bytes::from(html)));
     let h = resp.headers_mut();
     h.insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/html; charset=utf-8"),
     );
+    h.insert("vary", HeaderValue::from_static("accept-language"));
+    h.insert("content-language", HeaderValue::from_static(lang.code()));
     h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     h.insert(
         "content-security-policy",

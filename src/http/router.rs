@@ -137,7 +137,7 @@ async fn route(state: &Arc<AppState>, req: Request<Incoming>) -> Result<Response
         ("/metrics", "GET") => Ok(routes::metrics(state)),
         ("/v1/skus/{sku}/queue", "POST") => queue::join(state, p(0), &req).await,
         ("/v1/queue/{ticket_id}", "GET") => queue::get_ticket(state, p(0), &req).await,
-        ("/queue/{sku}", "GET") => queue::page(p(0)),
+        ("/queue/{sku}", "GET") => Box::pin(queue::page(state, p(0), &req)).await,
         // An entry of the table without its arm: tests/api/openapi.rs probes every entry.
         _ => Err(ApiError::NotFound),
     }

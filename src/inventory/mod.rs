@@ -55,6 +55,8 @@ pub struct QueueTerms {
     pub prequeue_from: Option<chrono::DateTime<chrono::Utc>>,
     /// `overbook` in thousandths.
     pub overbook_milli: i32,
+    /// The waiting page's settings, checked.
+    pub page: Option<crate::queue::page::PageSettings>,
 }
 
 /// Declares a SKU, seeding its stock in Redis only if absent.
@@ -130,7 +132,8 @@ pub async fn declare(
         sqlx::query(
             "UPDATE skus SET queue_admit_per_second = $2, queue_admission_ttl_seconds = $3,
                     queue_prequeue_from = $4, queue_seed = COALESCE(queue_seed, $5),
-                    queue_overbook_milli = $6, queue_version = queue_version + 1
+                    queue_overbook_milli = $6, queue_version = queue_version + 1,
+                    queue_page = $7
              WHERE sku = $1",
         )
         .bind(sku)
@@ -139,6 +142,11 @@ pub async fn declare(
         .bind(q.prequeue_from)
         .bind(crate::queue::order::new_seed())
         .bind(q.overbook_milli)
+        .bind(
+            q.page
+                .as_ref()
+                .map(|p| serde_json::to_string(p).unwrap_or_default()),
+        )
         .execute(db)
         .await?;
     }

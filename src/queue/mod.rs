@@ -27,6 +27,7 @@ use crate::status::TicketState;
 pub mod admit;
 pub mod calls;
 pub mod order;
+pub mod page;
 
 /// Joins a visitor may make per [`JOIN_WINDOW`] on one SKU (a front end retrying a join, a
 /// reload): past it, 429 `overloaded`. Per visitor, never per address.
@@ -80,6 +81,8 @@ pub struct QueueSettings {
     pub overbook_milli: i32,
     /// Raised by every declare with a queue (migration 0022): Redis keeps the highest.
     pub version: i64,
+    /// The waiting page's look and hand-over (`None`: the plain page).
+    pub page: Option<page::PageSettings>,
 }
 
 impl<'r> sqlx::FromRow<'r, PgRow> for QueueRow {
@@ -101,6 +104,9 @@ impl<'r> sqlx::FromRow<'r, PgRow> for QueueRow {
                 .try_get::<Option<i32>, _>("queue_overbook_milli")?
                 .unwrap_or(DEFAULT_OVERBOOK_MILLI),
             version: row.try_get("queue_version")?,
+            page: row
+                .try_get::<Option<String>, _>("queue_page")?
+                .and_then(|j| serde_json::from_str(&j).ok()),
         })))
     }
 }

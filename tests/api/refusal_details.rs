@@ -32,11 +32,17 @@ async fn a_body_sent_as_another_type_is_415_and_changes_nothing() {
         assert_eq!(s, 415, "{ct}: {b}");
         assert_eq!(code(&b), "unsupported_media_type", "{b}");
         assert_eq!(b["type"], "/problems/unsupported-media-type", "{b}");
-        assert!(b["detail"].as_str().unwrap().contains("application/json"), "{b}");
+        assert!(
+            b["detail"].as_str().unwrap().contains("application/json"),
+            "{b}"
+        );
     }
     assert_eq!(app.probe.stock("mt").await, Some(5), "nothing moved");
     // JSON with a charset, a +json type, and no Content-Type at all are all read as JSON.
-    for ct in ["application/json; charset=utf-8", "application/vnd.api+json"] {
+    for ct in [
+        "application/json; charset=utf-8",
+        "application/vnd.api+json",
+    ] {
         let (s, b) = problem(send(ct, r#"{"quantity": 1}"#).await.unwrap()).await;
         assert_eq!(s, 201, "{ct}: {b}");
     }
@@ -64,7 +70,10 @@ async fn a_body_sent_as_another_type_is_415_and_changes_nothing() {
         .fetch_one(&app.db)
         .await
         .unwrap();
-    assert_eq!(rows, 4, "the three JSON claims and the empty one, none of the refused");
+    assert_eq!(
+        rows, 4,
+        "the three JSON claims and the empty one, none of the refused"
+    );
     // The admin routes read bodies the same way.
     let r = app
         .http
@@ -106,7 +115,10 @@ async fn a_wrong_field_is_named_in_plain_words_and_conflicts_say_what_to_do() {
     let unknown = app.claim("nope", "u1", 1, None).await;
     let (s, b) = problem(unknown).await;
     assert_eq!((s, code(&b)), (404, "unknown_sku"));
-    assert!(b["detail"].as_str().unwrap().contains("PUT /admin/skus"), "{b}");
+    assert!(
+        b["detail"].as_str().unwrap().contains("PUT /admin/skus"),
+        "{b}"
+    );
     let (s, b) = problem(app.restock("dt", -10).await).await;
     assert_eq!((s, code(&b)), (409, "insufficient_stock"));
     assert!(b["detail"].as_str().unwrap().contains("below 0"), "{b}");
@@ -145,7 +157,11 @@ async fn a_wrong_field_is_named_in_plain_words_and_conflicts_say_what_to_do() {
     let (s, b) = problem(r).await;
     assert_eq!((s, code(&b)), (422, "idempotency_key_reused"));
     assert!(b["detail"].as_str().unwrap().contains("new key"), "{b}");
-    assert_eq!(app.probe.stock("dt").await, Some(2), "only the one claim moved stock");
+    assert_eq!(
+        app.probe.stock("dt").await,
+        Some(2),
+        "only the one claim moved stock"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,6 +10,7 @@ mod core;
 mod fairness;
 mod overbook;
 mod page;
+mod shop_page;
 mod waitlist;
 
 use std::time::Duration;

@@ -31,7 +31,6 @@ async fn the_waiting_page_is_self_contained() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_waiting_page_shows_the_line_then_the_admission_in_headless_chromium() {
-    let chromium = crate::tools::require("chromium", "chromium");
     let app = spawn_app().await;
     let r = declare_queued(
         &app,
@@ -46,17 +45,53 @@ async fn the_waiting_page_shows_the_line_then_the_admission_in_headless_chromium
     join_all(&app, "q-page", "ahead", 3).await;
     let token = visitor("page-visitor");
     let url = format!("{}/queue/q-page#token={token}", app.base);
-    let out = tokio::process::Command::new(crate::tools::require("python3", "python3"))
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/queue/drive_queue_page.py"
-        ))
-        .arg(&url)
-        .args(["--timeout", "90"])
-        .args(["--expect", r#"data-state="waiting""#])
-        .args(["--expect", "Position "])
-        .args(["--expect", r#"data-state="admitted""#])
-        .args(["--expect", r#"id="admission-token""#])
+    let dom = drive(
+        &url,
+        &[
+            r#"data-state="waiting""#,
+            "Position ",
+            r#"data-state="admitted""#,
+            r#"id="admission-token""#,
+        ],
+        &[],
+        None,
+    )
+    .await;
+    // The token the page shows is the one the queue minted for this visitor's ticket: it buys.
+    let start = dom.find(r#"id="admission-token">"#).unwrap() + r#"id="admission-token">"#.len();
+    let admission = &dom[start..start + dom[start..].find('<').unwrap()];
+    let claims = super::core::decode(admission);
+    assert_eq!(claims["sub"], "page-visitor");
+    let (s, b) = claim_with(&app, "q-page", admission).await;
+    assert_eq!(s, 201, "{b}");
+}
+
+/// Runs tests/queue/drive_queue_page.py on `url`: each of `expect` shows in turn; `headers`
+/// go with every request; the page may hand over to `shop`. The last DOM.
+pub(super) async fn drive(
+    url: &str,
+    expect: &[&str],
+    headers: &[&str],
+    shop: Option<&str>,
+) -> String {
+    let chromium = crate::tools::require("chromium", "chromium");
+    let mut cmd = tokio::process::Command::new(crate::tools::require("python3", "python3"));
+    cmd.arg(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/queue/drive_queue_page.py"
+    ))
+    .arg(url)
+    .args(["--timeout", "90"]);
+    for e in expect {
+        cmd.args(["--expect", e]);
+    }
+    for h in headers {
+        cmd.args(["--header", h]);
+    }
+    if let Some(s) = shop {
+        cmd.args(["--shop", s]);
+    }
+    let out = cmd
         .env(
             "PATH",
             format!(
@@ -71,14 +106,7 @@ async fn the_waiting_page_shows_the_line_then_the_admission_in_headless_chromium
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
-        "the page did not show the line and the admission: {stderr}"
+        "the page did not show {expect:?}: {stderr}"
     );
-    let dom = String::from_utf8_lossy(&out.stdout);
-    // The token the page shows is the one the queue minted for this visitor's ticket: it buys.
-    let start = dom.find(r#"id="admission-token">"#).unwrap() + r#"id="admission-token">"#.len();
-    let admission = &dom[start..start + dom[start..].find('<').unwrap()];
-    let claims = super::core::decode(admission);
-    assert_eq!(claims["sub"], "page-visitor");
-    let (s, b) = claim_with(&app, "q-page", admission).await;
-    assert_eq!(s, 201, "{b}");
+    String::from_utf8_lossy(&out.stdout).to_string()
 }
