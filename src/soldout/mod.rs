@@ -257,6 +257,7 @@ mod tests {
         "line_lease.lua",
         "offer_pool.lua",
         "read_books.lua",
+        "admit_queue.lua",
     ];
 
     #[test]
