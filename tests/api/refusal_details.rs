@@ -6,6 +6,13 @@ use serde_json::{json, Value};
 
 use crate::helpers::*;
 
+/// A claim of `sku` by `user`, its body and headers still to set.
+fn claim_req(app: &TestApp, sku: &str, user: &str) -> reqwest::RequestBuilder {
+    app.http
+        .post(format!("{}/v1/skus/{sku}/claims", app.base))
+        .bearer_auth(token(user))
+}
+
 async fn problem(r: reqwest::Response) -> (u16, Value) {
     let status = r.status().as_u16();
     (status, r.json().await.unwrap())
@@ -46,20 +53,14 @@ async fn a_body_sent_as_another_type_is_415_and_changes_nothing() {
         let (s, b) = problem(send(ct, r#"{"quantity": 1}"#).await.unwrap()).await;
         assert_eq!(s, 201, "{ct}: {b}");
     }
-    let r = app
-        .http
-        .post(format!("{}/v1/skus/mt/claims", app.base))
-        .bearer_auth(token("u2"))
+    let r = claim_req(&app, "mt", "u2")
         .body(r#"{"quantity": 1}"#)
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 201);
     // An empty body has no type to be wrong: one unit.
-    let r = app
-        .http
-        .post(format!("{}/v1/skus/mt/claims", app.base))
-        .bearer_auth(token("u3"))
+    let r = claim_req(&app, "mt", "u3")
         .header("content-type", "text/plain")
         .send()
         .await
@@ -96,10 +97,7 @@ async fn a_body_sent_as_another_type_is_415_and_changes_nothing() {
 async fn a_wrong_field_is_named_in_plain_words_and_conflicts_say_what_to_do() {
     let app = spawn_app().await;
     app.declare("dt", 3, 2).await;
-    let r = app
-        .http
-        .post(format!("{}/v1/skus/dt/claims", app.base))
-        .bearer_auth(token("u1"))
+    let r = claim_req(&app, "dt", "u1")
         .json(&json!({"quantity": "2"}))
         .send()
         .await
@@ -123,10 +121,7 @@ async fn a_wrong_field_is_named_in_plain_words_and_conflicts_say_what_to_do() {
     assert_eq!((s, code(&b)), (409, "insufficient_stock"));
     assert!(b["detail"].as_str().unwrap().contains("below 0"), "{b}");
     let big = "x".repeat(17 * 1024);
-    let r = app
-        .http
-        .post(format!("{}/v1/skus/dt/claims", app.base))
-        .bearer_auth(token("u1"))
+    let r = claim_req(&app, "dt", "u1")
         .header("content-type", "application/json")
         .body(big)
         .send()
@@ -135,20 +130,14 @@ async fn a_wrong_field_is_named_in_plain_words_and_conflicts_say_what_to_do() {
     let (s, b) = problem(r).await;
     assert_eq!((s, code(&b)), (413, "payload_too_large"));
     assert!(b["detail"].as_str().unwrap().contains("16 KiB"), "{b}");
-    let r = app
-        .http
-        .post(format!("{}/v1/skus/dt/claims", app.base))
-        .bearer_auth(token("u9"))
+    let r = claim_req(&app, "dt", "u9")
         .header("idempotency-key", "k-1")
         .json(&json!({"quantity": 1}))
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 201);
-    let r = app
-        .http
-        .post(format!("{}/v1/skus/dt/claims", app.base))
-        .bearer_auth(token("u9"))
+    let r = claim_req(&app, "dt", "u9")
         .header("idempotency-key", "k-1")
         .json(&json!({"quantity": 2}))
         .send()
