@@ -98,6 +98,8 @@ pub const RECORD_TTL_SECS: u64 = 26 * 3600;
 pub const CLAIM_RECORD_TTL_SECS: u64 = 3600;
 /// Request bodies larger than this are refused with 413.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
+/// The operators' routes take up to this (API.md: a seated venue's plan in one declare).
+pub const MAX_ADMIN_BODY_BYTES: usize = 1024 * 1024;
 /// The listening socket's queue of connections not yet accepted (the kernel caps it at
 /// `net.core.somaxconn`, 4096 by default). tokio's `TcpListener::bind` asks for 128, as std
 /// does: when a drop opens, a burst of new connections overflows that queue within

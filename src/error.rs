@@ -167,6 +167,9 @@ pub enum Refusal {
     /// Restore asked while Redis still holds the SKU's state, or a new catalog row whose id
     /// Redis already holds a state for (never adopt stock nobody declared here).
     StatePresent,
+    /// The SKU view while an operator action (a restore) holds the SKU's state away from
+    /// Redis for longer than the view waits: said so, never shown as a lost state.
+    OperatorBusy,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -166,8 +166,28 @@ pub async fn view(
         .await?
         .ok_or(InventoryError::Refused(Refusal::UnknownSku))?;
     let mut last = None;
-    for attempt in 0..VIEW_ATTEMPTS {
+    let started = std::time::Instant::now();
+    let (mut attempt, mut missing_once) = (0, false);
+    while attempt < VIEW_ATTEMPTS {
         let r = crate::books::read(store, db, sku, row.layout).await?;
+        // A restore takes the state out of Redis and puts it back under the SKU's operator
+        // lock: a state missing meanwhile is an action half done, not a loss. The view waits
+        // for it, then says so; `remaining: null` only ever means Redis lost the SKU.
+        // A restore that ended between the reading and the lock's check put the state back:
+        // a state seen missing with no action under way is read once more before it counts
+        // as lost.
+        if r.remaining.is_none() {
+            let busy = operator_busy(db, sku).await?;
+            if busy && started.elapsed() >= OPERATOR_WAIT {
+                return Err(InventoryError::Refused(Refusal::OperatorBusy));
+            }
+            if busy || !missing_once {
+                missing_once |= !busy;
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                continue;
+            }
+        }
+        attempt += 1;
         let sums = r.sums;
         let consistent = match (r.remaining, r.in_flight) {
             (Some(rem), Some(f)) => {
@@ -203,7 +223,7 @@ pub async fn view(
             queue: queue_part(store, &row).await,
             reading: ReadingNote {
                 fenced: r.fenced,
-                attempts: attempt as u32 + 1,
+                attempts: attempt as u32,
             },
         };
         if (consistent && r.fenced) || r.remaining.is_none() {
@@ -212,11 +232,31 @@ pub async fn view(
         last = Some(v);
         // A reading taken while Redis moves is read again at once a few times (claims go
         // on), then with pauses that let a half-done action finish.
-        if attempt >= 3 {
+        if attempt > 3 {
             tokio::time::sleep(std::time::Duration::from_millis(10 * attempt as u64)).await;
         }
     }
     Ok(last.expect("the loop ran at least once"))
+}
+
+/// How long the view waits for an operator action that has the SKU's state away from Redis.
+const OPERATOR_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Whether an operator action holds the SKU's lock now (`crate::inventory::SkuLock`: the
+/// session advisory lock on `hashtext('dropgate.sku.' || sku)`), read from `pg_locks` without
+/// taking it.
+async fn operator_busy(db: &sqlx::PgPool, sku: &SkuId) -> Result<bool, InventoryError> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_locks
+                         WHERE locktype = 'advisory' AND granted AND objsubid = 1
+                           AND database = (SELECT oid FROM pg_database
+                                            WHERE datname = current_database())
+                           AND ((classid::int8 << 32) | objid::int8)
+                               = hashtext('dropgate.sku.' || $1)::int8)",
+    )
+    .bind(sku)
+    .fetch_one(db)
+    .await?)
 }
 
 /// Readings the view takes before it answers the last as it is.

@@ -61,7 +61,7 @@ pub(super) async fn declare(
 ) -> Result<Response<Body>> {
     admin(state, &req)?;
     let sku = check_sku(sku)?;
-    let body: DeclareBody = parse(&read_body(req).await?)?;
+    let body: DeclareBody = parse(&read_body(req, crate::config::MAX_ADMIN_BODY_BYTES).await?)?;
     let limit = body.per_user_limit.unwrap_or(1);
     let hold = body.hold_seconds.unwrap_or(0);
     let plan = seat_plan(&body, hold)?;
@@ -243,7 +243,7 @@ pub(super) async fn restock(
 ) -> Result<Response<Body>> {
     admin(state, &req)?;
     let sku = check_sku(sku)?;
-    let RestockBody { delta } = parse(&read_body(req).await?)?;
+    let RestockBody { delta } = parse(&read_body(req, crate::config::MAX_ADMIN_BODY_BYTES).await?)?;
     // `unsigned_abs`: `abs` of i64::MIN overflows (a panic in a debug build, a negative
     // "absolute value" that passes the check in a release build).
     if delta == 0 || delta.unsigned_abs() > MAX_UNITS.unsigned_abs() {

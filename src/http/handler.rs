@@ -35,6 +35,13 @@ pub(super) fn header<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a s
 }
 
 pub(super) fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T> {
+    // serde takes a struct from an array too (`[1]` was a claim of one unit): every body is
+    // one JSON object.
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        return Err(ApiError::BadRequest(
+            "invalid JSON body: expected one JSON object".into(),
+        ));
+    }
     // The fast decode first (the hot path's claim bodies); only a refused body is decoded
     // again, tracking the path, so the detail names the field (`quantity: ...`).
     serde_json::from_slice(body).map_err(|e| {
@@ -61,6 +68,13 @@ fn plain_types(message: &str) -> String {
         ("expected f64", "expected a number"),
     ] {
         s = s.replace(rust, plain);
+    }
+    // `expected struct QueueBody with 5 elements`: a Rust type's name says nothing either.
+    if let Some(i) = s.find("expected struct ") {
+        let tail = s[i..]
+            .find(" at line ")
+            .map_or(String::new(), |j| s[i + j..].to_string());
+        s = format!("{}expected a JSON object{tail}", &s[..i]);
     }
     s
 }

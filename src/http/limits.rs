@@ -12,14 +12,14 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
 use hyper::Request;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::problem::ApiError;
-use crate::config::{BODY_READ_TIMEOUT, MAX_BODY_BYTES, REFUSAL_LINGER};
+use crate::config::{BODY_READ_TIMEOUT, REFUSAL_LINGER};
 use crate::metrics as m;
 
 /// Connections past the bound being answered at once; past this many, the surplus is closed
@@ -74,14 +74,17 @@ impl ConnectionLimit {
     }
 }
 
-/// Reads the body: more than 16 KiB is refused (before reading when the length is declared),
-/// and the whole body must arrive within [`BODY_READ_TIMEOUT`], or a client trickling a byte
-/// at a time would hold its connection and its handler for as long as it likes.
+/// Reads the body: more than `limit` bytes is refused (before reading when the length is
+/// declared), and the whole body must arrive within [`BODY_READ_TIMEOUT`], or a client
+/// trickling a byte at a time would hold its connection and its handler for as long as it
+/// likes. [`crate::config::MAX_BODY_BYTES`] on the buyers' routes, [`crate::config::MAX_ADMIN_BODY_BYTES`] on the operators'
+/// (a seated venue's plan).
 ///
 /// # Errors
 /// [`ApiError::PayloadTooLarge`], [`ApiError::RequestTimeout`] (hyper then closes the
-/// connection: the rest of the body is never read), or [`ApiError::BadRequest`].
-pub(super) async fn read_body(req: Request<Incoming>) -> Result<Bytes, ApiError> {
+/// connection: the rest of the body is never read), [`ApiError::UnsupportedMediaType`], or
+/// [`ApiError::BadRequest`].
+pub(super) async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
     // Every body is JSON. A request without Content-Type is read as JSON (curl -d and many
     // clients send none); one that names another type is refused (415) unless it is empty.
     let not_json = req
@@ -93,10 +96,10 @@ pub(super) async fn read_body(req: Request<Incoming>) -> Result<Bytes, ApiError>
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+    if declared.is_some_and(|n| n > limit as u64) {
         return Err(ApiError::PayloadTooLarge);
     }
-    let body = Limited::new(req.into_body(), MAX_BODY_BYTES).collect();
+    let body = Limited::new(req.into_body(), limit).collect();
     match tokio::time::timeout(BODY_READ_TIMEOUT, body).await {
         Err(_) => Err(ApiError::RequestTimeout),
         Ok(Ok(c)) => {
@@ -112,6 +115,20 @@ pub(super) async fn read_body(req: Request<Incoming>) -> Result<Bytes, ApiError>
             "could not read the request body".into(),
         )),
     }
+}
+
+/// A request that says it carries a body (a length above 0, or chunks) of a type other than
+/// JSON: refused before any route acts on it.
+pub(super) fn body_of_another_type(req: &Request<Incoming>) -> bool {
+    let h = req.headers();
+    let has_body = h
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(h.contains_key(TRANSFER_ENCODING), |n| n > 0);
+    has_body
+        && h.get(CONTENT_TYPE)
+            .is_some_and(|v| !is_json(v.to_str().unwrap_or("")))
 }
 
 /// `application/json` or a `+json` type, parameters (`; charset=utf-8`) aside.

@@ -80,6 +80,8 @@ pub enum ApiError {
     OutcomeUnknown(uuid::Uuid),
     /// PostgreSQL could not answer an admin or lookup request.
     Database(DbError),
+    /// The SKU view while a restore of the SKU is under way past the view's wait.
+    OperatorBusy,
     /// A claim on a SKU with a waiting room with a token its queue did not mint.
     NotAdmitted,
     /// A queue join on a SKU without a waiting room.
@@ -215,7 +217,7 @@ impl ApiError {
                 "request_timeout",
                 "Request body too slow",
             ),
-            Unavailable(_) | Database(_) | TooManyConnections => (
+            Unavailable(_) | Database(_) | TooManyConnections | OperatorBusy => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
                 "Temporarily unavailable",
@@ -272,6 +274,11 @@ impl ApiError {
                 BODY_READ_TIMEOUT.as_secs()
             )),
             ApiError::Unauthorized(why) => Some(why.to_string()),
+            ApiError::OperatorBusy => Some(
+                "an operator action on this SKU (a restore) has its state away from Redis right \
+                 now; read the view again in a moment"
+                    .into(),
+            ),
             ApiError::StatePresent(what) => Some((*what).into()),
             // Nothing comes back by waiting: an operator must rebuild the SKU from the ledger.
             ApiError::Unavailable(StoreError::SkuLost) => Some(
@@ -343,7 +350,13 @@ impl ApiError {
             UnknownEntry => "no waitlist entry of this id is the caller's",
             UnknownTicket => "no waiting-room ticket of this id is the caller's",
             NotFound => "no route has this path; GET /openapi.json lists every route",
-            PayloadTooLarge => "a request body may hold at most 16 KiB",
+            PayloadTooLarge => {
+                "a request body may hold at most 16 KiB (1 MiB on the /admin routes)"
+            }
+            SoldOut => {
+                "no units remain for this quantity; the waitlist offers units that come back"
+            }
+            LimitReached => "you already hold what the per-user limit allows",
             UnsupportedMediaType => "send the body as application/json",
             KeyReused => {
                 "this Idempotency-Key was used with another request; a retry must send the same \

@@ -110,6 +110,7 @@ mod tests {
             ApiError::NotQueued,
             ApiError::UnknownTicket,
             ApiError::JoinRate,
+            ApiError::OperatorBusy,
         ];
         for a in answers {
             let (status, code, _) = a.parts();

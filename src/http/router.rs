@@ -108,6 +108,11 @@ async fn route(state: &Arc<AppState>, req: Request<Incoming>) -> Result<Response
     if !found.methods().any(|m| m == method.as_str()) {
         return Err(ApiError::MethodNotAllowed(found.allow));
     }
+    // Every route takes JSON or no body: one sent as another type is refused whatever the
+    // route does with its body (a route that reads none would otherwise act on it).
+    if super::limits::body_of_another_type(&req) {
+        return Err(ApiError::UnsupportedMediaType);
+    }
     let p = |i: usize| params.get(i).copied().unwrap_or_default();
     match (found.path, method.as_str()) {
         ("/v1/skus/{sku}/claims", "POST") => routes::claim(state, p(0), req).await,

@@ -52,7 +52,7 @@ pub(super) async fn claim(
     let user = buyer.user.clone();
     let sku = check_sku(sku)?;
     let idempotency_key = idempotency_key(&req)?;
-    let quantity = claim_quantity(&read_body(req).await?)?;
+    let quantity = claim_quantity(&read_body(req, crate::config::MAX_BODY_BYTES).await?)?;
     let entry = state
         .catalog
         .get(sku)

@@ -38,10 +38,10 @@ impl PageSettings {
                 && (u.starts_with("https://") || u.starts_with("http://"))
                 && u.len() > "https://".len()
                 && !u.contains(char::is_whitespace)
-                && !u.contains(['"', '<', '>', '\\']);
+                && !u.contains(['"', '<', '>', '\\', '#']);
             if !ok {
                 return Err(format!(
-                    "queue.page.return_url must be an absolute http(s) URL of at most {MAX_URL} characters"
+                    "queue.page.return_url must be an absolute http(s) URL of at most {MAX_URL} characters, without a fragment (the admission token goes there)"
                 ));
             }
         }

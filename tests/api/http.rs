@@ -128,7 +128,7 @@ async fn a_declared_oversized_body_is_refused_before_it_is_read() {
     let app = spawn_app().await;
     let mut s = tokio::net::TcpStream::connect(app.addr).await.unwrap();
     s.write_all(
-        b"PUT /admin/skus/big HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\nAuthorization: Bearer test-admin-token-0123456789\r\n\r\n",
+        b"PUT /admin/skus/big HTTP/1.1\r\nHost: x\r\nContent-Length: 2000000\r\nAuthorization: Bearer test-admin-token-0123456789\r\n\r\n",
     )
     .await
     .unwrap();

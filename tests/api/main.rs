@@ -61,6 +61,7 @@ mod stalls;
 mod tokens;
 mod tools;
 mod view_consistency;
+mod view_restore;
 mod view_unfenced;
 mod waitlist;
 mod waitlist_writers;

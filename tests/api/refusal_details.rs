@@ -173,3 +173,84 @@ async fn the_claim_latency_histogram_tells_the_outcomes_apart() {
         assert!(count >= 1.0, "{outcome}: {count}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_refuses_a_body_of_another_type_and_an_array_is_not_a_claim() {
+    let app = spawn_app().await;
+    app.declare("ot", 1, 1).await;
+    let won = app.claim("ot", "a", 1, None).await;
+    assert_eq!(won.status(), 201);
+    let claim_id = won.json::<Value>().await.unwrap()["claim_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // Routes that read no body act on nothing when one of another type comes.
+    for (path, bearer) in [
+        ("/v1/skus/ot/waitlist".to_string(), token("b")),
+        (format!("/v1/claims/{claim_id}/cancel"), token("a")),
+        (
+            "/admin/skus/ot/restore?force=true".to_string(),
+            ADMIN.to_string(),
+        ),
+    ] {
+        let r = app
+            .http
+            .post(format!("{}{path}", app.base))
+            .bearer_auth(bearer)
+            .header("content-type", "text/plain")
+            .body("hello")
+            .send()
+            .await
+            .unwrap();
+        let (s, b) = problem(r).await;
+        assert_eq!(
+            (s, code(&b)),
+            (415, "unsupported_media_type"),
+            "{path}: {b}"
+        );
+    }
+    let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM waitlist WHERE sku = 'ot'")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(waiting, 0, "nobody joined the waitlist");
+    assert_eq!(
+        app.get(&format!("/v1/claims/{claim_id}")).await.status(),
+        401,
+        "the claim route asks for its buyer's token (the claim is untouched)"
+    );
+    // A JSON array is no claim body.
+    app.restock("ot", 1).await;
+    let r = claim_req(&app, "ot", "c")
+        .header("content-type", "application/json")
+        .body("[1]")
+        .send()
+        .await
+        .unwrap();
+    let (s, b) = problem(r).await;
+    assert_eq!((s, code(&b)), (400, "bad_request"), "{b}");
+    assert_eq!(app.probe.stock("ot").await, Some(1), "nothing sold");
+    // The operators' routes take bodies up to 1 MiB (a seated venue's plan): a declare of
+    // 100 KiB (padding aside) is read, one of 2 MiB is 413.
+    let padded = format!("{{\"total\": 5{}}}", " ".repeat(100 * 1024));
+    let r = app
+        .http
+        .put(format!("{}/admin/skus/ot-big", app.base))
+        .bearer_auth(ADMIN)
+        .header("content-type", "application/json")
+        .body(padded)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let r = app
+        .http
+        .put(format!("{}/admin/skus/ot-huge", app.base))
+        .bearer_auth(ADMIN)
+        .header("content-type", "application/json")
+        .body(format!("{{\"total\": 5{}}}", " ".repeat(2 * 1024 * 1024)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+}

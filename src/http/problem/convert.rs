@@ -47,6 +47,7 @@ impl From<InventoryError> for ApiError {
                  (another deployment's keys under the same DROPGATE_KEY_PREFIX?): it is never \
                  adopted; remove those keys or choose another SKU id",
             ),
+            InventoryError::Refused(Refusal::OperatorBusy) => ApiError::OperatorBusy,
             InventoryError::Store(e) => ApiError::Unavailable(e),
             InventoryError::Db(e) => ApiError::Database(e),
         }

@@ -52,7 +52,7 @@ async fn an_admitted_visitor_is_handed_to_the_shop_with_a_token_that_buys() {
         "q-shop",
         5,
         json!({"admit_per_second": 1, "page": {
-            "return_url": format!("{shop_url}/checkout?from=queue#stale"),
+            "return_url": format!("{shop_url}/checkout?from=queue"),
             "site_name": "Test Shop", "colour": "#c05", "background": "#fafafa",
             "logo": "data:image/png;base64,iVBORw0KGgo="}}),
         json!({}),
@@ -158,6 +158,8 @@ async fn page_settings_that_would_break_the_page_are_refused_and_change_nothing(
     let app = spawn_app().await;
     for page in [
         json!({"return_url": "javascript:alert(1)"}),
+        // Its fragment would be lost: the token takes the fragment.
+        json!({"return_url": "https://shop.example/#/checkout"}),
         json!({"colour": "red;}</style><script>"}),
         json!({"logo": "https://cdn.example/logo.png"}),
         json!({"site_name": ""}),
