@@ -35,10 +35,11 @@ async fn queued_skus_on_a_cluster_admit_once_sell_only_to_the_admitted_and_tell_
             &apis[0],
             sku,
             units,
-            // Every visitor may be admitted before the sold out: the visitors below poll (and
-            // buy) one after another in their own order, not the line's, so at the default
-            // overbook the admitted ahead of one of them would never buy and hold the line.
-            json!({"admit_per_second": 2, "overbook": 5}),
+            // Every visitor may be admitted before the sold out, even with one unit left
+            // (100 × 1 ≥ 30): the visitors below poll (and buy) one after another in their
+            // own order, not the line's, so under a tighter overbook bound the admitted ahead
+            // of one of them, who never buy until their turn, would hold the line.
+            json!({"admit_per_second": 2, "overbook": 100}),
             json!({}),
         )
         .await;
