@@ -161,6 +161,28 @@ pub async fn view(
     catalog: &Catalog,
     sku: &SkuId,
 ) -> Result<SkuView, InventoryError> {
+    read_view(store, catalog, sku, true).await
+}
+
+/// The view an operator action answers with while it still holds the SKU's operator lock
+/// (declare, restock, restore): it must not wait for its own lock.
+///
+/// # Errors
+/// As [`view`].
+pub async fn view_under_lock(
+    store: &Store,
+    catalog: &Catalog,
+    sku: &SkuId,
+) -> Result<SkuView, InventoryError> {
+    read_view(store, catalog, sku, false).await
+}
+
+async fn read_view(
+    store: &Store,
+    catalog: &Catalog,
+    sku: &SkuId,
+    wait_for_operators: bool,
+) -> Result<SkuView, InventoryError> {
     let db = catalog.db();
     let row = catalog::fetch(db, sku)
         .await?
@@ -176,7 +198,7 @@ pub async fn view(
         // A restore that ended between the reading and the lock's check put the state back:
         // a state seen missing with no action under way is read once more before it counts
         // as lost.
-        if r.remaining.is_none() {
+        if r.remaining.is_none() && wait_for_operators {
             let busy = operator_busy(db, sku).await?;
             if busy && started.elapsed() >= OPERATOR_WAIT {
                 return Err(InventoryError::Refused(Refusal::OperatorBusy));

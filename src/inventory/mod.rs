@@ -10,7 +10,8 @@ use sqlx::PgPool;
 
 use crate::catalog::{self, Catalog};
 use crate::error::{DbError, InventoryError, Refusal};
-use crate::ledger::{view, SkuView};
+// Answered while this action holds the SKU's operator lock: the view must not wait for it.
+use crate::ledger::{view_under_lock as view, SkuView};
 use crate::scripts::{self, Declared};
 use crate::sku::SkuId;
 use crate::store::Store;

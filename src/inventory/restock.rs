@@ -11,7 +11,8 @@ use uuid::Uuid;
 use super::SkuLock;
 use crate::catalog::{self, Catalog};
 use crate::error::{DbError, InventoryError, Refusal, StoreError};
-use crate::ledger::{view, SkuView};
+// Answered while this action holds the SKU's operator lock: the view must not wait for it.
+use crate::ledger::{view_under_lock as view, SkuView};
 use crate::scripts::{self, RestockMode, Restocked};
 use crate::sku::SkuId;
 use crate::store::Store;

@@ -13,7 +13,8 @@ use crate::catalog::{self, Catalog};
 use crate::error::{InventoryError, Refusal, StoreError};
 use crate::inventory::SkuLock;
 use crate::keys::SkuKeys;
-use crate::ledger::{view, SkuView};
+// Answered while this action holds the SKU's operator lock: the view must not wait for it.
+use crate::ledger::{view_under_lock as view, SkuView};
 use crate::scripts;
 use crate::sku::SkuId;
 use crate::store::Store;
