@@ -132,9 +132,14 @@ pub(super) fn body_of_another_type(req: &Request<Incoming>) -> bool {
 }
 
 /// `application/json` or a `+json` type, parameters (`; charset=utf-8`) aside.
+///
+/// `application/x-www-form-urlencoded` is what `curl -d` sends when not told otherwise, and
+/// operators' runbooks are written with `curl -d '{...}'`: such a body is read as JSON too (a
+/// real form body is then 400, not JSON), rather than refusing every curl user with a 415.
 fn is_json(content_type: &str) -> bool {
     let media = content_type.split(';').next().unwrap_or("").trim();
     media.eq_ignore_ascii_case("application/json")
+        || media.eq_ignore_ascii_case("application/x-www-form-urlencoded")
         || media
             .rsplit_once('+')
             .is_some_and(|(_, suffix)| suffix.eq_ignore_ascii_case("json"))
