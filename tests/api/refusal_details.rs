@@ -246,7 +246,7 @@ async fn every_route_refuses_a_body_of_another_type_and_an_array_is_not_a_claim(
     assert_eq!((s, code(&b)), (400, "bad_request"), "{b}");
     assert_eq!(app.probe.stock("ot").await, Some(1), "nothing sold");
     // The operators' routes take bodies up to 1 MiB (a seated venue's plan): a declare of
-    // 100 KiB (padding aside) is read, one of 2 MiB is 413.
+    // 100 KiB (padding aside) is read.
     let padded = format!("{{\"total\": 5{}}}", " ".repeat(100 * 1024));
     let r = app
         .http
@@ -258,14 +258,6 @@ async fn every_route_refuses_a_body_of_another_type_and_an_array_is_not_a_claim(
         .await
         .unwrap();
     assert_eq!(r.status(), 201);
-    let r = app
-        .http
-        .put(format!("{}/admin/skus/ot-huge", app.base))
-        .bearer_auth(ADMIN)
-        .header("content-type", "application/json")
-        .body(format!("{{\"total\": 5{}}}", " ".repeat(2 * 1024 * 1024)))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 413);
+    // One of 2 MiB is refused 413 from its declared length before it is read (a client still
+    // writing it may see the connection close first): http::a_declared_oversized_body_is_refused_before_it_is_read.
 }
