@@ -1,12 +1,13 @@
 -- admit_queue.lua: one round of a SKU's admissions (lib/queue.lua prepended), by the gateway
 -- holding the SKU's admission lease; or the release of that lease.
 --
--- KEYS[1..10] the queue keys (see lib/queue.lua)
+-- KEYS[1..11] the queue keys (see lib/queue.lua)
 -- ARGV[1]    the caller's owner token (one per gateway process)
 -- ARGV[2]    the lease, ms
 -- ARGV[3]    most tickets to admit in this round
 -- ARGV[4]    "release": give the lease up (at shutdown) and admit nothing; "" otherwise
 -- ARGV[5]    floor: the ledger's mark and incarnation of the SKU's state (see lib/fresh.lua)
+-- ARGV[6]    the line's floor (lib/queue.lua)
 --
 -- Returns {code, admitted, fence, waiting, now_ms}; code: 'lost' or 'stale' (fail closed: a
 -- state older than the floor is closed here and nobody is admitted), 'follower'
@@ -23,10 +24,11 @@
 -- mint a token no claim can use). Admission knows the stock: admitted tickets not yet used or
 -- expired (KEYS[9]) never exceed overbook × (units in stock + live holds), rounded up, so one
 -- unit back admits two visitors at the default 1.5, not a second's worth. A hold counts as one
--- unit, whatever its quantity (the bound errs towards admitting fewer).
+-- unit, whatever its quantity (the bound errs towards admitting fewer). A round that admits
+-- logs its tickets and their fixed expiry (KEYS[11]) in the same step, for PostgreSQL.
 local me, lease, most = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = q_now()
-local unfit = q_unfit(ARGV[5])
+local unfit = q_unfit(ARGV[5], ARGV[6])
 if unfit then
   return {unfit, 0, 0, 0, now}
 end
@@ -89,7 +91,7 @@ local admitted = 0
 if n > 0 then
   local popped = redis.call('ZPOPMIN', KEYS[2], n)
   local exp = now + q_num(KEYS[1], 'ttl_ms')
-  local add, exps, lives = {}, {}, {}
+  local add, exps, lives, exps_tickets = {}, {}, {}, {}
   for i = 1, #popped, 2 do
     add[#add + 1] = now
     add[#add + 1] = popped[i]
@@ -97,6 +99,7 @@ if n > 0 then
     exps[#exps + 1] = exp
     lives[#lives + 1] = exp
     lives[#lives + 1] = popped[i]
+    exps_tickets[#exps_tickets + 1] = popped[i]
   end
   admitted = #popped / 2
   redis.call('ZADD', KEYS[3], unpack(add))
@@ -104,6 +107,8 @@ if n > 0 then
   -- The token's expiry, fixed now: later ttl changes apply to later admissions only.
   redis.call('HSET', KEYS[8], unpack(exps))
   redis.call('HINCRBY', KEYS[1], 'admitted_total', admitted)
+  redis.call('XADD', KEYS[11], '*', 'k', 'a', 'at', now, 'ex', exp, 'n', q_next(), 't',
+    table.concat(exps_tickets))
   if q_num(KEYS[1], 'first_ms') == 0 then
     redis.call('HSET', KEYS[1], 'first_ms', now)
   end

@@ -48,6 +48,8 @@ pub struct Application {
     config: Config,
     /// Admits the lines of queued SKUs (one gateway at a time per SKU, leased).
     admitter: crate::queue::admit::Admitter,
+    /// Records the waiting rooms' tickets in PostgreSQL.
+    tickets: crate::queue::tickets::Recorder,
 }
 
 impl Application {
@@ -105,6 +107,12 @@ impl Application {
             Ok(n) => tracing::info!(skus = n, "loaded the ledger's marks"),
             Err(e) => {
                 tracing::warn!(error = %e, "could not load the ledger's marks; the refresher retries")
+            }
+        }
+        match crate::queue::tickets::load_marks(&store, &db).await {
+            Ok(n) => tracing::info!(skus = n, "loaded the waiting rooms' line marks"),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not load the waiting rooms' line marks; the ticket recorder retries")
             }
         }
         let closed = Arc::new(FailClosed::default());
@@ -180,6 +188,10 @@ impl Application {
             db: db.clone(),
             owner: uuid::Uuid::new_v4(),
         };
+        let tickets = crate::queue::tickets::Recorder {
+            store: store.clone(),
+            db: db.clone(),
+        };
         let reprocessor = Reprocessor::new(
             store,
             db,
@@ -201,6 +213,7 @@ impl Application {
             transfers,
             config,
             admitter,
+            tickets,
         })
     }
 
@@ -235,6 +248,7 @@ impl Application {
         let sold_out = tokio::spawn(self.sold_out.run(background.clone()));
         let transfers = tokio::spawn(self.transfers.run(background.clone()));
         let admitter = tokio::spawn(self.admitter.run(background.clone()));
+        let tickets = tokio::spawn(self.tickets.run(background.clone()));
         // Stopped after the writer and the reprocessor, so its flush publishes what they
         // recorded while stopping.
         let relay_stop = CancellationToken::new();
@@ -272,6 +286,7 @@ impl Application {
             let _ = sold_out.await;
             let _ = transfers.await;
             let _ = admitter.await;
+            let _ = tickets.await;
             relay_stop.cancel();
             let _ = relay.await;
         })

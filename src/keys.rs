@@ -299,11 +299,11 @@ impl SkuKeys {
         format!("{}comp:{}", self.head, claim_id.simple())
     }
 
-    /// The waiting room's keys in the order its scripts take them as `KEYS[1..10]` (see
+    /// The waiting room's keys in the order its scripts take them as `KEYS[1..11]` (see
     /// `lua/lib/queue.lua`): its hash, the line, the admitted set, then the SKU's state,
     /// waitlist, expiry set and per-user counts, the admissions' fixed expiries, the
-    /// admissions not known to be used, and each ticket's visitor.
-    pub fn queue(&self) -> [String; 10] {
+    /// admissions not known to be used, each ticket's visitor, and the line's log.
+    pub fn queue(&self) -> [String; 11] {
         [
             format!("{}q", self.head),
             format!("{}q:line", self.head),
@@ -315,6 +315,7 @@ impl SkuKeys {
             format!("{}q:exp", self.head),
             format!("{}q:live", self.head),
             format!("{}q:who", self.head),
+            format!("{}q:log", self.head),
         ]
     }
 

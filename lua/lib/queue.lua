@@ -1,10 +1,12 @@
 -- lib/queue.lua: functions shared by the waiting room's scripts (src/queue/), prepended to
 -- each after lib/fresh.lua; it defines no key of its own. Every script that includes it takes
--- these as KEYS[1..10]:
+-- these as KEYS[1..11]:
 --
 -- KEYS[1]  the queue hash {sku}:q: rate (admissions per second), ttl_ms (how long an admission
 --          is valid), prequeue_ms (the pre-queue opens; 0: from the declare on), seq (arrival
---          counter), owner / lease_until / fence (the admitting gateway's lease), last_ms /
+--          counter), qseq (the line's own sequence: every join and every round that admits
+--          adds one; PostgreSQL records the highest it holds, src/queue/tickets.rs),
+--          owner / lease_until / fence (the admitting gateway's lease), last_ms /
 --          credit (the admission schedule), first_ms (the first admission), admitted_total
 -- KEYS[2]  the line: sorted set of waiting tickets (16 raw bytes) by order; a pre-queue ticket's
 --          order is its shuffle key (< 2^52, from the committed seed), a later one's
@@ -19,6 +21,10 @@
 --          the overbook bound counts (admit_queue.lua)
 -- KEYS[10] each ticket's visitor: hash ticket -> visitor (whose per-user count tells a used
 --          admission)
+-- KEYS[11] the line's log: a stream of its changes not yet recorded in PostgreSQL (joins:
+--          k=j t=ticket v=visitor o=order n=qseq; admission rounds: k=a at=ms ex=expiry ms
+--          n=qseq t=the tickets' 16 bytes each, concatenated), read and trimmed by the tickets'
+--          recorder (src/queue/tickets.rs): what a restore rebuilds the line from
 --
 -- Invariant (I1, I3): the queue never moves stock or counts; it only decides who may claim,
 -- and every ticket is in the line or in the admitted set, never both.
@@ -31,11 +37,12 @@ end
 
 -- Why the queue cannot decide, or nil: 'lost' when the SKU's state or the queue's settings
 -- are missing (Redis lost them), 'stale' when the state is marked stale or older than `floor`
--- (the caller's "seq:inc", lib/fresh.lua: closed here, so every gateway fails closed on it
--- until restore). The line and the admitted set live beside the state and come back with it
--- from an older snapshot, so an older state means an older line: nothing joins or is
--- admitted on it.
-local function q_unfit(floor)
+-- (the caller's "seq:inc", lib/fresh.lua), or the line's `qseq` is behind `qfloor` (the
+-- highest line sequence PostgreSQL recorded, as the caller knows it): closed here, so every
+-- gateway fails closed on it until restore. The line and the admitted set live beside the
+-- state and come back with it from an older snapshot: joins and admissions move only the
+-- line's own sequence, so the line is checked against its own floor too.
+local function q_unfit(floor, qfloor)
   local unfit = state_unfit(floor, KEYS[4])
   if unfit then
     return unfit
@@ -43,7 +50,18 @@ local function q_unfit(floor)
   if redis.call('EXISTS', KEYS[1]) == 0 then
     return 'lost'
   end
+  local qseq = tonumber(redis.call('HGET', KEYS[1], 'qseq') or '0')
+  local want = tonumber(qfloor or '0') or 0
+  if qseq < want then
+    redis.call('HSETNX', KEYS[4], 'stale', 'line-behind:' .. qseq .. '<' .. want)
+    return 'stale'
+  end
   return nil
+end
+
+-- The line's next sequence number (one per logged change).
+local function q_next()
+  return redis.call('HINCRBY', KEYS[1], 'qseq', 1)
 end
 
 local function q_num(key, field)

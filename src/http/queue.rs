@@ -72,6 +72,7 @@ pub(super) async fn has_ticket(state: &AppState, entry: &Sku, visitor: &str) -> 
             &ticket,
             visitor,
             state.store.floor(&entry.sku),
+            state.store.line_floor(&entry.sku),
         ))
         .await
         .map_err(read_error)?;
@@ -114,6 +115,7 @@ pub(super) async fn join(
             key,
             &visitor,
             state.store.floor(sku.as_str()),
+            state.store.line_floor(sku.as_str()),
         ))
         .await
         .map_err(read_error)?;
@@ -181,6 +183,7 @@ pub(super) async fn get_ticket(
             &ticket,
             visitor.as_deref().unwrap_or(""),
             state.store.floor(&entry.sku),
+            state.store.line_floor(&entry.sku),
         ))
         .await
         .map_err(read_error)?;

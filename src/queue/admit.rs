@@ -101,6 +101,7 @@ impl Admitter {
                         MOST_PER_ROUND,
                         false,
                         self.store.floor(sku),
+                        self.store.line_floor(sku),
                     ))
                     .await;
                 match round {
@@ -148,6 +149,7 @@ impl Admitter {
                         0,
                         true,
                         self.store.floor(sku),
+                        self.store.line_floor(sku),
                     ))
                     .await;
             }

@@ -142,8 +142,9 @@ pub async fn configure<C: ConnectionLike>(
     Ok(r == 1)
 }
 
-/// A visitor's join (see join_queue.lua). `floor`: the SKU's (`Store::floor`); a state older
-/// than it is closed and nothing joins.
+/// A visitor's join (see join_queue.lua). `floor`: the SKU's (`Store::floor`), `line_floor`:
+/// its line's (`Store::line_floor`); a state or line older than them is closed and nothing
+/// joins.
 ///
 /// # Errors
 /// [`StoreError::SkuLost`] when Redis lost the SKU or its queue, [`StoreError::Stale`] when
@@ -155,6 +156,7 @@ pub async fn join<C: ConnectionLike>(
     shuffle_key: u64,
     visitor: &str,
     floor: Floor,
+    line_floor: i64,
 ) -> Result<Joined, StoreError> {
     let mut inv = SCRIPTS.join_queue.prepare_invoke();
     queue_keys(&mut inv, keys);
@@ -164,7 +166,8 @@ pub async fn join<C: ConnectionLike>(
         .arg(super::JOINS_PER_WINDOW)
         .arg(super::JOIN_WINDOW.as_millis() as u64)
         .arg(visitor)
-        .arg(floor);
+        .arg(floor)
+        .arg(line_floor);
     let items = array(inv.invoke_async(con).await?)?;
     match text(&items[0]).as_str() {
         "ok" => Ok(Joined::Ticket {
@@ -190,12 +193,14 @@ pub async fn read<C: ConnectionLike>(
     ticket: &Uuid,
     visitor: &str,
     floor: Floor,
+    line_floor: i64,
 ) -> Result<Report, StoreError> {
     let mut inv = SCRIPTS.read_ticket.prepare_invoke();
     queue_keys(&mut inv, keys);
     inv.arg(ticket.as_bytes().as_slice())
         .arg(visitor)
-        .arg(floor);
+        .arg(floor)
+        .arg(line_floor);
     let items = array(inv.invoke_async(con).await?)?;
     match text(&items[0]).as_str() {
         "ok" => report(&items[1..]),
@@ -217,6 +222,7 @@ pub async fn admit<C: ConnectionLike>(
     most: u32,
     release: bool,
     floor: Floor,
+    line_floor: i64,
 ) -> Result<Round, StoreError> {
     let mut inv = SCRIPTS.admit_queue.prepare_invoke();
     queue_keys(&mut inv, keys);
@@ -224,7 +230,8 @@ pub async fn admit<C: ConnectionLike>(
         .arg(lease_ms)
         .arg(most)
         .arg(if release { "release" } else { "" })
-        .arg(floor);
+        .arg(floor)
+        .arg(line_floor);
     let items = array(inv.invoke_async(con).await?)?;
     let code = text(&items[0]);
     match code.as_str() {

@@ -8,7 +8,8 @@
 //! - [`calls`]: the typed wrappers of the queue's scripts (`lua/lib/queue.lua` and the four
 //!   `lua/*queue*.lua`, `lua/read_ticket.lua`); [`admit`]: the admission worker;
 //!   [`order`]: ticket ids, the shuffle key and the seed's commitment (what an auditor
-//!   recomputes).
+//!   recomputes); [`tickets`]: every ticket recorded in PostgreSQL from the line's log, and the
+//!   line's mark an older line is refused by; [`rebuild`]: a restore's rebuild of the line.
 //!
 //! Redis holds the queue in the SKU's own hash tag (one Cluster slot with its stock): per
 //! waiting ticket one member of the line (16 bytes and its order), nothing else.
@@ -28,6 +29,8 @@ pub mod admit;
 pub mod calls;
 pub mod order;
 pub mod page;
+pub mod rebuild;
+pub mod tickets;
 
 /// Joins a visitor may make per [`JOIN_WINDOW`] on one SKU (a front end retrying a join, a
 /// reload): past it, 429 `overloaded`. Per visitor, never per address.

@@ -117,6 +117,12 @@ pub async fn restore(
         let base = crate::layout::seq_base(i as u16);
         new_seqs.push(mark.max(seqs[i]).max(base) + 1);
     }
+    // The waiting room's line, from the tickets the ledger holds, while the state is out of
+    // Redis (every queue script answers `lost` until the state is back).
+    let line = match &row.queue.0 {
+        Some(_) => Some(crate::queue::rebuild::rebuild(store, db, sku.as_str()).await?),
+        None => None,
+    };
     let restore_id = uuid::Uuid::new_v4();
     let staged: Vec<String> = keys.iter().map(|k| k.users_restore(&restore_id)).collect();
     let (units, users, given) = stage_live_claims(store, &mut con, &keys, &staged, db, sku).await?;
@@ -181,6 +187,17 @@ pub async fn restore(
             return Err(InventoryError::Refused(Refusal::StatePresent));
         }
     }
+    // The queue's settings at once, not at the admitter's next catalog read: a line lost with
+    // its hash has no rate until then.
+    if let Some(q) = &row.queue.0 {
+        store
+            .bounded(crate::queue::calls::configure(
+                &mut con,
+                &keys[0],
+                &crate::queue::RedisSettings::from(q),
+            ))
+            .await?;
+    }
     for (name, seq) in names.iter().zip(&new_seqs).skip(1) {
         crate::freshness::shard_marks::raise(db, name, *seq).await?;
     }
@@ -198,6 +215,8 @@ pub async fn restore(
         users,
         force,
         stale = stale.as_deref().unwrap_or(""),
+        waiting = line.map_or(0, |l| l.waiting),
+        admitted = line.map_or(0, |l| l.admitted),
         "restored the SKU's Redis state from the ledger"
     );
     view(store, catalog, sku).await

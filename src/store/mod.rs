@@ -67,6 +67,9 @@ pub struct Store {
     /// The ledger's marks this gateway knows, shared by every clone, so each script caller
     /// sends its SKU's floor without another handle (see [`crate::freshness`]).
     marks: Arc<Marks>,
+    /// The highest line sequence PostgreSQL recorded of each queued SKU, as this gateway knows
+    /// it (see [`crate::queue::tickets`]): a waiting room's line behind it is an older copy.
+    line_marks: Arc<dashmap::DashMap<String, i64>>,
 }
 
 impl Store {
@@ -133,6 +136,7 @@ impl Store {
             urls,
             recent_marks: Arc::default(),
             marks: Arc::default(),
+            line_marks: Arc::default(),
         };
         let mut con = store.hot();
         // Startup is not the hot path: loading every script (on every master) gets the same
@@ -194,6 +198,20 @@ impl Store {
     /// older than it fails closed (`lua/lib/fresh.lua`).
     pub fn floor(&self, name: &str) -> Floor {
         self.marks.fence(name)
+    }
+
+    /// The line floor of a waiting-room script call on `sku` (`lua/lib/queue.lua`): a line
+    /// whose sequence is behind it fails closed.
+    pub fn line_floor(&self, sku: &str) -> i64 {
+        self.line_marks.get(sku).map_or(0, |m| *m)
+    }
+
+    /// Raises the line floor of `sku` to `mark` (floors only grow).
+    pub fn raise_line_floor(&self, sku: &str, mark: i64) {
+        let mut m = self.line_marks.entry(sku.to_string()).or_insert(0);
+        if *m < mark {
+            *m = mark;
+        }
     }
 
     pub fn timeout(&self) -> Duration {

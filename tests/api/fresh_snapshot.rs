@@ -499,13 +499,13 @@ async fn queue_scripts_refuse(
             .await
             .unwrap();
         let r = match name {
-            "join_queue" => calls::join(con, keys, &newcomer, 5, "v", floor)
+            "join_queue" => calls::join(con, keys, &newcomer, 5, "v", floor, 0)
                 .await
                 .map(|j| format!("{j:?}")),
-            "read_ticket" => calls::read(con, keys, &head, "", floor)
+            "read_ticket" => calls::read(con, keys, &head, "", floor, 0)
                 .await
                 .map(|t| format!("{t:?}")),
-            _ => calls::admit(con, keys, "me", 2000, 100, false, floor)
+            _ => calls::admit(con, keys, "me", 2000, 100, false, floor, 0)
                 .await
                 .map(|r| format!("{r:?}")),
         };

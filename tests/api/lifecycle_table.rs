@@ -75,6 +75,16 @@ const NOT_STATUSES: &[&str] = &[
     // admission lease's and the supply's replies, and 'none' (no such ticket: 404). A ticket's
     // states are `TicketState`'s (lifecycle_table/tickets.rs).
     "admitted_total",
+    // The line's log (lua/lib/queue.lua, src/queue/tickets.rs): its entries' kind (j: a join,
+    // a: a round's admissions) and fields, the line's own sequence.
+    "j",
+    "a",
+    "at",
+    "ex",
+    "o",
+    "v",
+    "n",
+    "qseq",
     "credit",
     "first_ms",
     "last_ms",

@@ -62,6 +62,7 @@ mod tokens;
 mod tools;
 mod view_consistency;
 mod view_restore;
+mod view_terms;
 mod view_unfenced;
 mod waitlist;
 mod waitlist_writers;

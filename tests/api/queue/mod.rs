@@ -6,6 +6,7 @@
 mod admission;
 mod closing;
 mod cluster;
+mod durable;
 mod core;
 mod fairness;
 mod overbook;
@@ -99,7 +100,7 @@ pub async fn claim_with(api: &Api, sku: &str, token: &str) -> (u16, Value) {
 }
 
 /// The queue's Redis keys of `sku` under the probe's prefix: hash, line, admitted.
-pub fn qkeys(probe: &Probe, sku: &str) -> [String; 10] {
+pub fn qkeys(probe: &Probe, sku: &str) -> [String; 11] {
     dropgate::keys::SkuKeys::new(&probe.prefix, sku).queue()
 }
 

@@ -413,14 +413,18 @@ async fn set_rate(cx: &Ctx<'_>, rng: &mut StdRng) -> Result<(), String> {
 mod checks;
 pub use checks::check;
 
-/// Whether Redis may lose tickets in this run (a rollback to an older snapshot, a forced
-/// restore): a ticket may then be joined anew and admitted again (docs/freshness.md, limits).
+/// Whether Redis may lose tickets in this run: a rollback to an older snapshot loses the
+/// tickets joined in the last moments before it that the recorder had not yet copied into
+/// PostgreSQL (docs/freshness.md, limits); a ticket may then be joined anew and admitted again.
+/// A forced restore loses none: it copies the line's log first and rebuilds the line from the
+/// tickets PostgreSQL holds (src/queue/rebuild.rs), so with restores alone every ticket keeps
+/// its place and its one admission.
 fn lost_tickets_allowed(k: &Knobs) -> bool {
-    k.on("rollback") || k.on("restore")
+    k.on("rollback")
 }
 
 /// `q0`'s Redis keys: the queue hash, the line, the admitted set.
-fn keys(probe: &Probe) -> [String; 10] {
+fn keys(probe: &Probe) -> [String; 11] {
     dropgate::keys::SkuKeys::new(&probe.prefix, SKU).queue()
 }
 

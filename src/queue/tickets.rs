@@ -1,0 +1,290 @@
+//! The waiting room's tickets in PostgreSQL (`queue_tickets`, migration 0023): as durable as
+//! claims. Every join and every round that admits logs itself in Redis in the same atomic step
+//! that makes it (the line's log, `{sku}:q:log`, `lua/lib/queue.lua`), numbered by the line's
+//! own sequence (`qseq`). The [`Recorder`], a task of every gateway, copies each queued SKU's
+//! log into `queue_tickets` in batches and raises `skus.queue_seq` (the line's mark) in the
+//! same transaction, then trims what it wrote.
+//!
+//! Two uses: a line in Redis whose `qseq` is behind the mark is an older copy (a rollback, a
+//! failover to a lagging replica) and fails closed like an older state; and a restore puts
+//! every ticket back in place and state ([`super::rebuild`]).
+//!
+//! Several gateways may copy the same entries at once: joins are `ON CONFLICT DO NOTHING`, an
+//! admission is kept only where none was recorded (a ticket is admitted once, I4), the mark
+//! only grows. An entry is trimmed only after its transaction committed, so a SIGKILL between
+//! the two leaves it to be copied again, to the same effect.
+
+use std::time::Duration;
+
+use redis::Value;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::error::StoreError;
+use crate::keys::SkuKeys;
+use crate::store::Store;
+
+/// Between the recorder's rounds: how far the ledger's copy of a line lags Redis's.
+const TICK: Duration = Duration::from_millis(100);
+/// Log entries one transaction copies (a round of admissions is one entry).
+const BATCH: usize = 2000;
+
+/// One change of a line, as its log holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    Joined {
+        ticket: Uuid,
+        visitor: String,
+        ord: i64,
+    },
+    Admitted {
+        tickets: Vec<Uuid>,
+        at_ms: i64,
+        expires_ms: i64,
+    },
+}
+
+/// One log entry: its stream id, the line's sequence it took, the change.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub id: String,
+    pub seq: i64,
+    pub change: Change,
+}
+
+pub struct Recorder {
+    pub store: Store,
+    pub db: PgPool,
+}
+
+impl Recorder {
+    pub async fn run(self, shutdown: CancellationToken) {
+        loop {
+            let stopping = shutdown.is_cancelled();
+            if let Err(e) = self.round().await {
+                tracing::debug!(error = %e, "queue tickets: a round did not finish; the log keeps what was not written");
+            }
+            if stopping {
+                break;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(TICK) => {}
+                _ = shutdown.cancelled() => {}
+            }
+        }
+        tracing::info!("queue ticket recorder stopped");
+    }
+
+    /// Reads every queued SKU's mark (raising this gateway's floors) and copies its log.
+    async fn round(&self) -> Result<(), crate::error::InventoryError> {
+        let rows: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT sku, queue_seq FROM skus WHERE queue_admit_per_second IS NOT NULL",
+        )
+        .fetch_all(&self.db)
+        .await?;
+        for (sku, mark) in rows {
+            self.store.raise_line_floor(&sku, mark);
+            flush(&self.store, &self.db, &sku).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Loads every queued SKU's line mark into the store's floors: at start, before anything is
+/// served, so a line older than the ledger fails closed on its first call.
+///
+/// # Errors
+/// The database error.
+pub async fn load_marks(store: &Store, db: &PgPool) -> Result<usize, sqlx::Error> {
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT sku, queue_seq FROM skus WHERE queue_seq > 0")
+            .fetch_all(db)
+            .await?;
+    for (sku, mark) in &rows {
+        store.raise_line_floor(sku, *mark);
+    }
+    Ok(rows.len())
+}
+
+/// Copies `sku`'s whole log into PostgreSQL, a batch per transaction, trimming each batch once
+/// it is committed.
+///
+/// # Errors
+/// The Redis or database error; what was not copied stays in the log.
+pub async fn flush(store: &Store, db: &PgPool, sku: &str) -> Result<(), crate::error::InventoryError> {
+    let keys = store.keys(sku);
+    loop {
+        let entries = store.bounded(read_log(store, &keys)).await?;
+        if entries.is_empty() {
+            return Ok(());
+        }
+        record(db, sku, &entries).await?;
+        if let Some(top) = entries.iter().map(|e| e.seq).max() {
+            store.raise_line_floor(sku, top);
+        }
+        let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
+        let mut con = store.hot();
+        let log = &keys.queue()[10];
+        store
+            .bounded(async {
+                Ok(redis::cmd("XDEL")
+                    .arg(log)
+                    .arg(&ids)
+                    .query_async::<i64>(&mut con)
+                    .await?)
+            })
+            .await?;
+        if entries.len() < BATCH {
+            return Ok(());
+        }
+    }
+}
+
+async fn read_log(store: &Store, keys: &SkuKeys) -> Result<Vec<Entry>, StoreError> {
+    let mut con = store.hot();
+    let log = &keys.queue()[10];
+    let v: Value = redis::cmd("XRANGE")
+        .arg(log)
+        .arg("-")
+        .arg("+")
+        .arg("COUNT")
+        .arg(BATCH)
+        .query_async(&mut con)
+        .await?;
+    parse(v)
+}
+
+/// The log entries of an XRANGE answer; one it cannot read is a protocol error (the log is
+/// written by this gateway's own scripts only).
+pub fn parse(v: Value) -> Result<Vec<Entry>, StoreError> {
+    let bad = |what: &str| StoreError::Protocol(format!("queue log: {what}"));
+    let Value::Array(items) = v else {
+        return Err(bad("not an array"));
+    };
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        let Value::Array(pair) = item else {
+            return Err(bad("entry"));
+        };
+        let [id, Value::Array(fields)] = &pair[..] else {
+            return Err(bad("entry shape"));
+        };
+        let id = bytes(id).ok_or_else(|| bad("id"))?;
+        let field = |name: &str| -> Option<&[u8]> {
+            fields
+                .chunks(2)
+                .find(|kv| bytes(&kv[0]).as_deref() == Some(name.as_bytes()))
+                .and_then(|kv| raw(&kv[1]))
+        };
+        let num = |name: &str| -> Result<i64, StoreError> {
+            field(name)
+                .and_then(|b| std::str::from_utf8(b).ok())
+                .and_then(|s| s.parse::<f64>().ok())
+                .map(|f| f as i64)
+                .ok_or_else(|| bad(name))
+        };
+        let uuid = |b: &[u8]| Uuid::from_slice(b).map_err(|_| bad("ticket"));
+        let change = match field("k") {
+            Some(b"j") => Change::Joined {
+                ticket: uuid(field("t").ok_or_else(|| bad("t"))?)?,
+                visitor: String::from_utf8_lossy(field("v").unwrap_or_default()).into_owned(),
+                ord: num("o")?,
+            },
+            Some(b"a") => Change::Admitted {
+                tickets: field("t")
+                    .unwrap_or_default()
+                    .chunks(16)
+                    .map(uuid)
+                    .collect::<Result<_, _>>()?,
+                at_ms: num("at")?,
+                expires_ms: num("ex")?,
+            },
+            _ => return Err(bad("kind")),
+        };
+        out.push(Entry {
+            id: String::from_utf8_lossy(&id).into_owned(),
+            seq: num("n")?,
+            change,
+        });
+    }
+    Ok(out)
+}
+
+fn raw(v: &Value) -> Option<&[u8]> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.as_bytes()),
+        _ => None,
+    }
+}
+
+fn bytes(v: &Value) -> Option<Vec<u8>> {
+    raw(v).map(<[u8]>::to_vec)
+}
+
+/// Writes `entries` of `sku`'s log in one transaction: joins, then admissions (an admission's
+/// join is earlier in the same log, so in this batch or an earlier committed one), then the
+/// line's mark.
+async fn record(db: &PgPool, sku: &str, entries: &[Entry]) -> Result<(), sqlx::Error> {
+    let (mut tickets, mut visitors, mut ords) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut admitted, mut ats, mut exps) = (Vec::new(), Vec::new(), Vec::new());
+    for e in entries {
+        match &e.change {
+            Change::Joined {
+                ticket,
+                visitor,
+                ord,
+            } => {
+                tickets.push(*ticket);
+                visitors.push(visitor.clone());
+                ords.push(*ord);
+            }
+            Change::Admitted {
+                tickets: t,
+                at_ms,
+                expires_ms,
+            } => {
+                for ticket in t {
+                    admitted.push(*ticket);
+                    ats.push(*at_ms);
+                    exps.push(*expires_ms);
+                }
+            }
+        }
+    }
+    let top = entries.iter().map(|e| e.seq).max().unwrap_or(0);
+    let mut tx = db.begin().await?;
+    if !tickets.is_empty() {
+        sqlx::query(
+            "INSERT INTO queue_tickets (sku, ticket, visitor, ord)
+             SELECT $1, * FROM UNNEST($2::uuid[], $3::text[], $4::int8[])
+             ON CONFLICT (sku, ticket) DO NOTHING",
+        )
+        .bind(sku)
+        .bind(&tickets)
+        .bind(&visitors)
+        .bind(&ords)
+        .execute(&mut *tx)
+        .await?;
+    }
+    if !admitted.is_empty() {
+        sqlx::query(
+            "UPDATE queue_tickets q SET admitted_ms = a.at, expires_ms = a.ex
+               FROM UNNEST($2::uuid[], $3::int8[], $4::int8[]) AS a(ticket, at, ex)
+              WHERE q.sku = $1 AND q.ticket = a.ticket AND q.admitted_ms IS NULL",
+        )
+        .bind(sku)
+        .bind(&admitted)
+        .bind(&ats)
+        .bind(&exps)
+        .execute(&mut *tx)
+        .await?;
+    }
+    sqlx::query("UPDATE skus SET queue_seq = GREATEST(queue_seq, $2) WHERE sku = $1")
+        .bind(sku)
+        .bind(top)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await
+}
