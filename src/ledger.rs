@@ -284,8 +284,8 @@ async fn operator_busy(db: &sqlx::PgPool, sku: &SkuId) -> Result<bool, Inventory
 /// Readings the view takes before it answers the last as it is.
 const VIEW_ATTEMPTS: usize = 10;
 
-/// The view's `queue`: the settings, the seed's commitment (and the seed once open), the
-/// line's counts when Redis answers.
+/// The view's `queue`: the settings, the seed's commitment (and the seed once open by Redis's
+/// clock), the line's counts when Redis answers.
 async fn queue_part(store: &Store, row: &crate::catalog::Sku) -> Option<crate::queue::QueueView> {
     let q = row.queue.0.as_ref()?;
     let keys = store.keys(&row.sku);
@@ -294,12 +294,7 @@ async fn queue_part(store: &Store, row: &crate::catalog::Sku) -> Option<crate::q
         .bounded(crate::queue::calls::counts(&mut con, &keys))
         .await
         .ok();
-    Some(crate::queue::QueueView::of(
-        q,
-        row.opens_at,
-        chrono::Utc::now(),
-        counts,
-    ))
+    Some(crate::queue::QueueView::of(q, row.opens_at, counts))
 }
 
 #[cfg(test)]

@@ -50,7 +50,9 @@
 //!      a Redis that came back with older data is refused by every script that would move it,
 //!      and closed until restore (`lua/lib/fresh.lua`, docs/freshness.md).
 //!    - [`queue`]: the waiting room of a SKU declared with a `queue`: tickets, the pre-queue's
-//!      order from a committed seed, the leased admission worker, the admission tokens.
+//!      order from a committed seed, the leased admission worker, the admission tokens; every
+//!      ticket recorded in PostgreSQL from the line's log, a line older than the record
+//!      refused, a restore's rebuild of the line.
 //! 3. **shards** ([`shards`]): one hot SKU spread over several Redis SKUs: units borrowed
 //!    between shards by fenced transfers, transfers left half done finished by a task in every
 //!    gateway, one waitlist line per shard fed in ticket order, the shards summed for the view,

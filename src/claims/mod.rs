@@ -110,6 +110,12 @@ impl ClaimService {
         }
     }
 
+    /// Tells the writer `name` has a new winner (a seated claim decided outside
+    /// [`ClaimService::claim`]).
+    pub fn writer_won(&self, name: &str) {
+        self.writer.won(name);
+    }
+
     pub fn settler(&self) -> Arc<Settler> {
         self.settler.clone()
     }

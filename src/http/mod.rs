@@ -17,6 +17,7 @@ mod problems;
 mod queue;
 mod router;
 mod routes;
+mod seats;
 mod state;
 
 use std::convert::Infallible;

@@ -90,6 +90,12 @@ pub enum ApiError {
     UnknownTicket,
     /// A visitor joined past the per-visitor join rate: 429 + Retry-After.
     JoinRate,
+    /// Seated SKU: some of the exact seats asked for are not free (they are named).
+    SeatsTaken(Vec<String>),
+    /// Seated SKU: no row has the asked number of adjacent free seats; the largest block.
+    NoAdjacentSeats(i64),
+    /// A restock of a seated SKU: it grows by its plan, not by a count.
+    SeatedSku,
 }
 
 #[derive(Serialize)]
@@ -104,6 +110,12 @@ struct Problem<'a> {
     /// The claim whose outcome is unknown: `GET /v1/claims/{claim_id}` tells once it settles.
     #[serde(skip_serializing_if = "Option::is_none")]
     claim_id: Option<uuid::Uuid>,
+    /// `seats_taken`: the asked seats that are not free.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    taken: Option<Vec<String>>,
+    /// `no_adjacent_seats`: the most adjacent free seats any row has.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    largest_block: Option<i64>,
 }
 
 impl ApiError {
@@ -204,6 +216,17 @@ impl ApiError {
                 StatusCode::TOO_MANY_REQUESTS,
                 "overloaded",
                 "Too many joins from this visitor",
+            ),
+            SeatsTaken(_) => (StatusCode::CONFLICT, "seats_taken", "Seats taken"),
+            SeatedSku => (
+                StatusCode::CONFLICT,
+                "seated_sku",
+                "A seated SKU is not restocked",
+            ),
+            NoAdjacentSeats(_) => (
+                StatusCode::CONFLICT,
+                "no_adjacent_seats",
+                "No row has that many adjacent free seats",
             ),
             OutcomeUnknown(_)
             | Unavailable(StoreError::Timeout | StoreError::OutcomeUnknown(_)) => (
@@ -311,11 +334,13 @@ impl ApiError {
             | ApiError::Unavailable(StoreError::OutcomeUnknown(id)) => Some(*id),
             _ => None,
         };
-        let bytes = match (detail, claim_id) {
+        let bytes = match (&self, detail, claim_id) {
+            (ApiError::SeatsTaken(ids), ..) => seat_body(status, code, title, self.fixed_detail(), Some(ids.clone()), None),
+            (ApiError::NoAdjacentSeats(n), ..) => seat_body(status, code, title, self.fixed_detail(), None, Some(*n)),
             // The hot refusals (sold_out above all) carry neither, or a fixed detail: rendered
             // once per title.
-            (None, None) => plain_body(status, code, title, self.fixed_detail()),
-            (detail, claim_id) => problem_body(status, code, title, detail, claim_id),
+            (_, None, None) => plain_body(status, code, title, self.fixed_detail()),
+            (_, detail, claim_id) => problem_body(status, code, title, detail, claim_id),
         };
         let mut h = HeaderMap::with_capacity(2);
         h.insert(
@@ -372,6 +397,15 @@ impl ApiError {
             }
             NotQueued => "the SKU has no waiting room: claim it directly",
             InStock => "units remain: claim them instead of joining the waitlist",
+            SeatedSku => {
+                "a seated SKU's total is its seat plan: grow it by declaring longer rows or more \
+                 rows and sections (PUT /admin/skus/{sku})"
+            }
+            SeatsTaken(_) => "these seats (taken) are not free: choose others, or ask for best available",
+            NoAdjacentSeats(_) => {
+                "no row has that many adjacent free seats (largest_block is the most any row has): \
+                 ask for fewer, or for seats apart (\"adjacent\": false)"
+            }
             _ => return None,
         })
     }
@@ -407,6 +441,30 @@ fn problem_body(
         code,
         detail,
         claim_id,
+        taken: None,
+        largest_block: None,
+    };
+    Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
+}
+
+/// A seated claim's refusal, with the seats taken or the largest block.
+fn seat_body(
+    status: StatusCode,
+    code: &str,
+    title: &str,
+    detail: Option<&str>,
+    taken: Option<Vec<String>>,
+    largest_block: Option<i64>,
+) -> Bytes {
+    let body = Problem {
+        kind: type_uri(code),
+        title,
+        status: status.as_u16(),
+        code,
+        detail: detail.map(str::to_string),
+        claim_id: None,
+        taken,
+        largest_block,
     };
     Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
 }

@@ -52,7 +52,10 @@ pub(super) async fn claim(
     let user = buyer.user.clone();
     let sku = check_sku(sku)?;
     let idempotency_key = idempotency_key(&req)?;
-    let quantity = claim_quantity(&read_body(req, crate::config::MAX_BODY_BYTES).await?)?;
+    let body = read_body(req, crate::config::MAX_BODY_BYTES).await?;
+    // Checked before the catalog is asked, as before seats: a seated body's own fields are
+    // read once the SKU is known to be seated.
+    let quantity = claim_quantity(&body)?;
     let entry = state
         .catalog
         .get(sku)
@@ -66,13 +69,8 @@ pub(super) async fn claim(
         super::queue::admitted_here(state, &entry, &buyer)?;
     }
     if entry.plan.is_some() {
-        // The seated claim's body and answer are not served by this route yet (docs/seats.md,
-        // "Not built yet"): a count claim here would sell units the seat map never gave.
-        return Err(ApiError::BadRequest(
-            "this SKU is seated: claims of seats through this route are not built yet \
-             (docs/seats.md)"
-                .into(),
-        ));
+        // Seats, never a bare count: a count claim would sell units the seat map never gave.
+        return super::seats::claim(state, &entry, sku, &user, &body, idempotency_key).await;
     }
     if quantity < 1 || quantity > i64::from(entry.per_user_limit) {
         return Err(ApiError::BadRequest(format!(

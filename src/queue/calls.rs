@@ -248,20 +248,23 @@ pub async fn admit<C: ConnectionLike>(
     })
 }
 
-/// Tickets in line and admitted, for the SKU view (two plain reads in one slot).
+/// Tickets in line and admitted, and Redis's clock (unix ms), for the SKU view (plain reads
+/// in one slot).
 ///
 /// # Errors
 /// The Redis error of the call.
 pub async fn counts<C: ConnectionLike>(
     con: &mut C,
     keys: &SkuKeys,
-) -> Result<(i64, i64), StoreError> {
+) -> Result<(i64, i64, i64), StoreError> {
     let [_, line, admitted, ..] = keys.queue();
-    Ok(redis::pipe()
+    let (waiting, admitted, (secs, micros)): (i64, i64, (i64, i64)) = redis::pipe()
         .cmd("ZCARD")
         .arg(line)
         .cmd("ZCARD")
         .arg(admitted)
+        .cmd("TIME")
         .query_async(con)
-        .await?)
+        .await?;
+    Ok((waiting, admitted, secs * 1000 + micros / 1000))
 }

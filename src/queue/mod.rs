@@ -131,13 +131,20 @@ pub struct QueueView {
 }
 
 impl QueueView {
+    /// `counts`: the line, the admitted and Redis's clock (unix ms) as Redis answered them.
+    /// The seed is shown from `opens_at` on by Redis's clock, the one the pre-queue closes on
+    /// (`lua/join_queue.lua`): a gateway whose clock runs ahead never shows it while visitors
+    /// still join the pre-queue; while Redis does not answer, it stays hidden.
     pub fn of(
         q: &QueueSettings,
         opens_at: Option<DateTime<Utc>>,
-        now: DateTime<Utc>,
-        counts: Option<(i64, i64)>,
+        counts: Option<(i64, i64, i64)>,
     ) -> QueueView {
-        let open = opens_at.is_none_or(|o| now >= o);
+        let open = match (opens_at, counts) {
+            (None, _) => true,
+            (Some(o), Some((_, _, now_ms))) => now_ms >= o.timestamp_millis(),
+            (Some(_), None) => false,
+        };
         QueueView {
             waiting: counts.map(|c| c.0),
             admitted: counts.map(|c| c.1),

@@ -22,6 +22,7 @@ use crate::store::Store;
 mod claims;
 mod lifecycle;
 mod pipes;
+mod seats;
 
 use claims::{stage_ended_records, stage_live_claims};
 
@@ -128,6 +129,10 @@ pub async fn restore(
     let (units, users, given) = stage_live_claims(store, &mut con, &keys, &staged, db, sku).await?;
     stage_ended_records(store, &mut con, &keys, db, sku).await?;
     let wl_order = lifecycle::stage(store, &mut con, &keys, db, sku, &given).await?;
+    // A seated SKU's map, while claims are closed: no seat sold before is free again.
+    if let Some(plan) = &row.plan {
+        seats::rebuild_map(store, &mut con, &keys[0], db, sku, plan, &given).await?;
+    }
     let terms = row.terms();
     // The total as it is now, and proof that no newer operator action (which would have taken
     // a newer epoch) has moved it since this restore's lock: a lock lost with its connection
