@@ -335,8 +335,17 @@ impl ApiError {
             _ => None,
         };
         let bytes = match (&self, detail, claim_id) {
-            (ApiError::SeatsTaken(ids), ..) => seat_body(status, code, title, self.fixed_detail(), Some(ids.clone()), None),
-            (ApiError::NoAdjacentSeats(n), ..) => seat_body(status, code, title, self.fixed_detail(), None, Some(*n)),
+            (ApiError::SeatsTaken(ids), ..) => seat_body(
+                status,
+                code,
+                title,
+                self.fixed_detail(),
+                Some(ids.clone()),
+                None,
+            ),
+            (ApiError::NoAdjacentSeats(n), ..) => {
+                seat_body(status, code, title, self.fixed_detail(), None, Some(*n))
+            }
             // The hot refusals (sold_out above all) carry neither, or a fixed detail: rendered
             // once per title.
             (_, None, None) => plain_body(status, code, title, self.fixed_detail()),
@@ -401,7 +410,9 @@ impl ApiError {
                 "a seated SKU's total is its seat plan: grow it by declaring longer rows or more \
                  rows and sections (PUT /admin/skus/{sku})"
             }
-            SeatsTaken(_) => "these seats (taken) are not free: choose others, or ask for best available",
+            SeatsTaken(_) => {
+                "these seats (taken) are not free: choose others, or ask for best available"
+            }
             NoAdjacentSeats(_) => {
                 "no row has that many adjacent free seats (largest_block is the most any row has): \
                  ask for fewer, or for seats apart (\"adjacent\": false)"

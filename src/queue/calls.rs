@@ -214,6 +214,7 @@ pub async fn read<C: ConnectionLike>(
 ///
 /// # Errors
 /// As [`join`].
+#[allow(clippy::too_many_arguments)]
 pub async fn admit<C: ConnectionLike>(
     con: &mut C,
     keys: &SkuKeys,

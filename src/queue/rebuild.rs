@@ -104,9 +104,17 @@ pub async fn rebuild(store: &Store, db: &PgPool, sku: &str) -> Result<Rebuilt, I
         .arg(out.admitted)
         .ignore();
     // New arrivals queue behind every arrival the ledger holds.
-    pipe.cmd("HSET").arg(&hash).arg("seq").arg(arrivals).ignore();
+    pipe.cmd("HSET")
+        .arg(&hash)
+        .arg("seq")
+        .arg(arrivals)
+        .ignore();
     if first_ms > 0 {
-        pipe.cmd("HSET").arg(&hash).arg("first_ms").arg(first_ms).ignore();
+        pipe.cmd("HSET")
+            .arg(&hash)
+            .arg("first_ms")
+            .arg(first_ms)
+            .ignore();
     }
     send(store, &mut pipe).await?;
     store.raise_line_floor(sku, mark);

@@ -112,7 +112,11 @@ pub async fn load_marks(store: &Store, db: &PgPool) -> Result<usize, sqlx::Error
 ///
 /// # Errors
 /// The Redis or database error; what was not copied stays in the log.
-pub async fn flush(store: &Store, db: &PgPool, sku: &str) -> Result<(), crate::error::InventoryError> {
+pub async fn flush(
+    store: &Store,
+    db: &PgPool,
+    sku: &str,
+) -> Result<(), crate::error::InventoryError> {
     let keys = store.keys(sku);
     loop {
         let entries = store.bounded(read_log(store, &keys)).await?;

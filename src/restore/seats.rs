@@ -22,11 +22,10 @@ pub(super) async fn rebuild_map(
     plan: &SeatPlan,
     given: &Given,
 ) -> Result<usize, InventoryError> {
-    let live: Vec<String> =
-        sqlx::query_scalar("SELECT seat FROM issuance_seats WHERE sku = $1")
-            .bind(sku)
-            .fetch_all(db)
-            .await?;
+    let live: Vec<String> = sqlx::query_scalar("SELECT seat FROM issuance_seats WHERE sku = $1")
+        .bind(sku)
+        .fetch_all(db)
+        .await?;
     let parked: Vec<(uuid::Uuid, Vec<String>)> = sqlx::query_as(
         "SELECT claim_id, seats FROM persistence_pending WHERE sku = $1 AND seats IS NOT NULL",
     )
@@ -50,9 +49,15 @@ pub(super) async fn rebuild_map(
     for seat in &taken {
         match plan.bit_of(seat) {
             Ok(bit) => {
-                pipe.cmd("SETBIT").arg(keys.seats()).arg(bit).arg(1).ignore();
+                pipe.cmd("SETBIT")
+                    .arg(keys.seats())
+                    .arg(bit)
+                    .arg(1)
+                    .ignore();
             }
-            Err(e) => tracing::error!(sku = sku.as_str(), seat, error = %e, "a ledger seat the plan does not have"),
+            Err(e) => {
+                tracing::error!(sku = sku.as_str(), seat, error = %e, "a ledger seat the plan does not have")
+            }
         }
     }
     store

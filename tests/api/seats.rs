@@ -225,11 +225,19 @@ async fn a_restock_of_a_seated_sku_is_refused_and_a_bare_quantity_claim_takes_se
     // Row 1's middle seat: the best single seat.
     assert_eq!(body["seats"], json!(["A-1-3"]), "{body}");
     assert_eq!(app.probe.stock("guarded").await, Some(9));
-    assert_eq!(taken_bits(&seat_map(&app, "guarded").await), HashSet::from([2]));
+    assert_eq!(
+        taken_bits(&seat_map(&app, "guarded").await),
+        HashSet::from([2])
+    );
 }
 
 /// POST a seated claim body as `user`; (status, body, replayed header).
-async fn claim_body(app: &TestApp, user: &str, body: Value, key: Option<&str>) -> (u16, Value, bool) {
+async fn claim_body(
+    app: &TestApp,
+    user: &str,
+    body: Value,
+    key: Option<&str>,
+) -> (u16, Value, bool) {
     let mut req = app
         .http
         .post(format!("{}/v1/skus/hall/claims", app.base))
@@ -240,7 +248,11 @@ async fn claim_body(app: &TestApp, user: &str, body: Value, key: Option<&str>) -
     }
     let r = req.send().await.unwrap();
     let replayed = r.headers().get("idempotency-replayed").is_some();
-    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null), replayed)
+    (
+        r.status().as_u16(),
+        r.json().await.unwrap_or(Value::Null),
+        replayed,
+    )
 }
 
 /// The claim route on a seated SKU: exact seats all or none (409 `seats_taken` naming them),
@@ -251,7 +263,10 @@ async fn claim_body(app: &TestApp, user: &str, body: Value, key: Option<&str>) -
 async fn seat_claims_over_http_take_exact_or_best_seats_and_refuse_with_their_codes() {
     let app = spawn_app().await;
     let plan = json!({"sections": [{"name": "A", "rows": 2, "count": 6}]});
-    assert_eq!(declare_seated(&app, "hall", plan.clone()).await.status(), 201);
+    assert_eq!(
+        declare_seated(&app, "hall", plan.clone()).await.status(),
+        201
+    );
     let plan = SeatPlan::parse(&plan).unwrap();
     let (s, b, _) = claim_body(&app, "u1", json!({"seats": ["A-1-3", "A-1-4"]}), Some("k1")).await;
     assert_eq!((s, &b["seats"]), (201, &json!(["A-1-3", "A-1-4"])), "{b}");
@@ -267,7 +282,11 @@ async fn seat_claims_over_http_take_exact_or_best_seats_and_refuse_with_their_co
     // Row 1 has runs of 2 only: four adjacent come from row 2. Its middle run (2-5) would
     // strand seats 1 and 6; of the two that strand none, equally near the middle, the lower.
     let (s, b, _) = claim_body(&app, "u3", json!({"quantity": 4, "section": "A"}), None).await;
-    assert_eq!((s, &b["seats"]), (201, &json!(["A-2-1", "A-2-2", "A-2-3", "A-2-4"])), "{b}");
+    assert_eq!(
+        (s, &b["seats"]),
+        (201, &json!(["A-2-1", "A-2-2", "A-2-3", "A-2-4"])),
+        "{b}"
+    );
     let (s, b, _) = claim_body(&app, "u4", json!({"quantity": 3}), None).await;
     assert_eq!((s, code(&b)), (409, "no_adjacent_seats"), "{b}");
     assert_eq!(b["largest_block"], 2, "{b}");
@@ -300,10 +319,11 @@ async fn seat_claims_over_http_take_exact_or_best_seats_and_refuse_with_their_co
     wait_for(std::time::Duration::from_secs(30), || {
         let db = db.clone();
         async move {
-            let c: i64 = sqlx::query_scalar("SELECT count(*) FROM issuance_seats WHERE sku = 'hall'")
-                .fetch_one(&db)
-                .await
-                .unwrap();
+            let c: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM issuance_seats WHERE sku = 'hall'")
+                    .fetch_one(&db)
+                    .await
+                    .unwrap();
             c == 9
         }
     })
@@ -348,7 +368,13 @@ async fn concurrent_seat_claims_over_http_never_answer_a_seat_twice() {
     let mut sold = Vec::new();
     for (s, b) in &answers {
         match s {
-            201 => sold.extend(b["seats"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string())),
+            201 => sold.extend(
+                b["seats"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_str().unwrap().to_string()),
+            ),
             409 => assert!(
                 ["seats_taken", "no_adjacent_seats", "sold_out"].contains(&code(b)),
                 "{b}"

@@ -50,7 +50,11 @@ async fn operator(apis: [Api; 2], done: Arc<AtomicBool>) -> usize {
             _ => [1, 5, 20][round % 3] * if round % 2 == 0 { 1 } else { -1 },
         };
         let r = api.restock(SKU, delta).await;
-        assert!(matches!(r.status().as_u16(), 200 | 409), "{:?}", r.text().await);
+        assert!(
+            matches!(r.status().as_u16(), 200 | 409),
+            "{:?}",
+            r.text().await
+        );
         let total = api.view(SKU).await["total"].as_i64().unwrap();
         let r = declare_with(
             api,
@@ -59,7 +63,11 @@ async fn operator(apis: [Api; 2], done: Arc<AtomicBool>) -> usize {
         )
         .await;
         // A restock through the other gateway may have moved the total since it was read.
-        assert!(matches!(r.status().as_u16(), 200 | 409), "{:?}", r.text().await);
+        assert!(
+            matches!(r.status().as_u16(), 200 | 409),
+            "{:?}",
+            r.text().await
+        );
         round += 1;
     }
     round
@@ -122,7 +130,10 @@ async fn views_while_holds_restocks_and_term_changes_run_through_two_gateways_ar
     let rounds = op.await.unwrap();
     let wrong: Vec<_> = viewers.into_iter().flatten().collect();
     println!("{VIEWS} views beside {claims} claims ({won} won) and {rounds} operator rounds");
-    assert!(rounds >= 10, "only {rounds} operator rounds ran beside the views");
+    assert!(
+        rounds >= 10,
+        "only {rounds} operator rounds ran beside the views"
+    );
     assert!(
         wrong.is_empty(),
         "{} of {VIEWS} views were not consistent, first: {:?}",

@@ -50,7 +50,10 @@ fn assert_kept(before: &[(u16, Value)], after: &[(u16, Value)], when: &str) {
         assert_eq!((*sb, *sa), (200, 200), "{when}: visitor {i}: {b} then {a}");
         assert_eq!(b["ticket_id"], a["ticket_id"], "{when}: visitor {i}");
         if b["state"] == "admitted" {
-            assert_eq!(a["state"], "admitted", "{when}: visitor {i} lost its admission: {a}");
+            assert_eq!(
+                a["state"], "admitted",
+                "{when}: visitor {i} lost its admission: {a}"
+            );
             assert_eq!(
                 b["admission_expires_at"], a["admission_expires_at"],
                 "{when}: visitor {i}'s admission changed"
@@ -100,7 +103,10 @@ async fn a_rollback_and_a_forced_restore_during_a_queued_drop_leave_every_visito
         assert_eq!(s, 201, "{b}");
         ids.push(b["ticket_id"].as_str().unwrap().to_string());
     }
-    until(LONG, || async { (counts(&app.probe, SKU).await.1 >= 4).then_some(()) }).await;
+    until(LONG, || async {
+        (counts(&app.probe, SKU).await.1 >= 4).then_some(())
+    })
+    .await;
     let mark = recorded(&app.probe).await;
     let before = readings(&app, &visitors, &ids).await;
     let (_, b) = before
@@ -128,8 +134,15 @@ async fn a_rollback_and_a_forced_restore_during_a_queued_drop_leave_every_visito
     assert_eq!(r.status(), 200, "{:?}", r.text().await);
     let after = readings(&app, &visitors, &ids).await;
     assert_kept(&before, &after, "after the rollback's restore");
-    let line_seq: i64 = qfield(&app.probe, SKU, "qseq").await.unwrap().parse().unwrap();
-    assert!(line_seq >= mark, "the line restarts at {line_seq}, below the mark {mark}");
+    let line_seq: i64 = qfield(&app.probe, SKU, "qseq")
+        .await
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        line_seq >= mark,
+        "the line restarts at {line_seq}, below the mark {mark}"
+    );
     // The token handed out before the fault buys; the ticket is not admitted twice.
     let (s, b) = claim_with(&app, SKU, &first_token).await;
     assert_eq!(s, 201, "{b}");
@@ -181,10 +194,20 @@ async fn a_line_behind_the_recorded_line_sequence_is_refused_by_every_queue_scri
     assert!(calls::configure(&mut con, &keys, &settings).await.unwrap());
     let floor = dropgate::scripts::Floor::seq(0);
     let first = uuid::Uuid::now_v7();
-    let joined = calls::join(&mut con, &keys, &first, 1, "v1", floor, 0).await.unwrap();
-    assert!(matches!(joined, calls::Joined::Ticket { created: true, .. }), "{joined:?}");
+    let joined = calls::join(&mut con, &keys, &first, 1, "v1", floor, 0)
+        .await
+        .unwrap();
+    assert!(
+        matches!(joined, calls::Joined::Ticket { created: true, .. }),
+        "{joined:?}"
+    );
     let hash = &keys.queue()[0];
-    let qseq: i64 = redis::cmd("HGET").arg(hash).arg("qseq").query_async(&mut con).await.unwrap();
+    let qseq: i64 = redis::cmd("HGET")
+        .arg(hash)
+        .arg("qseq")
+        .query_async(&mut con)
+        .await
+        .unwrap();
     assert_eq!(qseq, 1, "a join moves the line's sequence");
     let newcomer = uuid::Uuid::now_v7();
     for name in ["join_queue", "read_ticket", "admit_queue"] {

@@ -6,8 +6,8 @@
 mod admission;
 mod closing;
 mod cluster;
-mod durable;
 mod core;
+mod durable;
 mod fairness;
 mod overbook;
 mod page;
