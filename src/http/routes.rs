@@ -66,7 +66,9 @@ pub(super) async fn claim(
         .inspect_err(|e| m::claim_failed(e.code()))?
         .ok_or(ApiError::UnknownSku)?;
     if entry.queue.0.is_some() {
-        super::queue::admitted_here(state, &entry, &buyer)?;
+        // Counted with the decisions: refused tokens at a queued drop show on the dashboard.
+        super::queue::admitted_here(state, &entry, &buyer)
+            .inspect_err(|e| m::claim_failed(e.code()))?;
     }
     if entry.plan.is_some() {
         // Seats, never a bare count: a count claim would sell units the seat map never gave.
