@@ -142,7 +142,11 @@ async fn concurrent_seat_claims_never_give_a_seat_twice_in_redis_or_postgres() {
     }
     let unique: HashSet<&String> = sold.iter().collect();
     assert_eq!(unique.len(), sold.len(), "a seat was given twice");
-    assert!(outcomes.iter().any(|o| matches!(o, SeatOutcome::Taken(_))));
+    // Far more buyers than seats: some are refused, by a seat taken or by none left (which of
+    // the two depends on the order the 200 calls reach Redis in).
+    assert!(outcomes
+        .iter()
+        .any(|o| matches!(o, SeatOutcome::Taken(_) | SeatOutcome::SoldOut { .. })));
     let bits = taken_bits(&seat_map(&app, "arena").await);
     let won_bits: HashSet<u32> = sold.iter().map(|s| plan.bit_of(s).unwrap()).collect();
     assert_eq!(bits, won_bits, "the map is exactly the seats won");
