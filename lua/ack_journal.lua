@@ -22,7 +22,8 @@
 -- Invariant: `inflight` drops by an entry's units exactly once, however many writers race to
 -- acknowledge it (only the XACK that returns 1 counts). The stream is then trimmed below the
 -- oldest entry still pending or not yet delivered, so it holds only winners not yet written
--- (one XTRIM per batch instead of one XDEL per entry). The state hash is never created here.
+-- (one XTRIM per batch instead of one XDEL per entry). The state hash is never created here;
+-- its `acks` counts the entries acknowledged (the SKU view's fence, src/books.rs).
 local state, journal, group = KEYS[1], KEYS[2], ARGV[1]
 local n = tonumber(ARGV[2])
 local acked, units = 0, 0
@@ -32,8 +33,14 @@ for i = 3, 2 + 2 * n, 2 do
     units = units + tonumber(ARGV[i + 1])
   end
 end
-if units ~= 0 and redis.call('EXISTS', state) == 1 then
-  redis.call('HINCRBY', state, 'inflight', -units)
+if acked > 0 and redis.call('EXISTS', state) == 1 then
+  if units ~= 0 then
+    redis.call('HINCRBY', state, 'inflight', -units)
+  end
+  -- Counts every acknowledgement: the SKU view's fence (src/books.rs). An acknowledgement is
+  -- the one move of Redis that follows a change of PostgreSQL's ledger (the writer commits,
+  -- then acknowledges): while `acks` stands still, no entry left the journal for the ledger.
+  redis.call('HINCRBY', state, 'acks', acked)
 end
 local m = tonumber(ARGV[3 + 2 * n] or '0')
 for i = 4 + 2 * n, #ARGV do

@@ -12,7 +12,8 @@
 -- ARGV[2]     the most journal entries returned
 --
 -- Returns {head, entries, more, transfers, markers}:
---   head      {stock, inflight, seq, stale, wl_pool, transfer_out} (nil when absent)
+--   head      {stock, inflight, seq, stale, wl_pool, transfer_out, acks} (nil when absent;
+--             acks: journal entries acknowledged so far, ack_journal.lua)
 --   entries   {{id, {field, value, ...}}, ...}: every entry delivered to no writer yet or
 --             delivered and not acknowledged, oldest first (as XRANGE returns them)
 --   more      1 when more entries than ARGV[2] are unacknowledged (the list is cut), else 0
@@ -25,7 +26,7 @@
 local state, journal, group = KEYS[1], KEYS[2], ARGV[1]
 local cap = tonumber(ARGV[2])
 local head = redis.call('HMGET', state, 'stock', 'inflight', 'seq', 'stale', 'wl_pool',
-  'transfer_out')
+  'transfer_out', 'acks')
 local entries, more = {}, 0
 if redis.call('EXISTS', journal) == 1 then
   -- Delivered and unacknowledged: the group's pending list.

@@ -134,6 +134,16 @@ pub struct SkuView {
     pub reading: ReadingNote,
 }
 
+impl SkuView {
+    /// A reading taken while acknowledgements kept moving Redis (no reading of the attempts
+    /// was fenced) that does not balance: it cannot tell books that balance from books that do
+    /// not, so it is no answer to `consistent` (the HTTP view says so with a 503, the gauge
+    /// keeps its last value).
+    pub fn moving(&self) -> bool {
+        !self.reading.fenced && !self.consistent && self.remaining.is_some()
+    }
+}
+
 /// See [`SkuView::reading`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ReadingNote {

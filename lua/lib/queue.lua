@@ -92,7 +92,9 @@ local function q_supply()
 end
 
 -- One ticket as its visitor sees it at `now`, with what the ETA needs:
--- {state, position, admitted_ms, now, opens_ms, rate, recent, window_ms, waiting, expires_ms}
+-- {state, position, admitted_ms, now, opens_ms, rate, recent, window_ms, waiting, expires_ms,
+--  qseq} (qseq: the line's sequence now; a gateway answers a join, or an admission with its
+--  token, only once PostgreSQL holds the line that far, src/queue/tickets.rs)
 -- state: 'admitted' | 'expired' | 'prequeue' | 'waiting' | 'sold_out' | 'closed' (in line at
 -- or after closes_at: nobody is admitted any more) | 'none' (no such ticket); `recent` admissions happened in the last `window_ms` (the achieved rate).
 -- An admission's expiry is the one fixed when it was made (KEYS[8]): a later change of
@@ -136,5 +138,6 @@ local function q_report(ticket, user, now)
       end
     end
   end
-  return {state, position, adm, now, opens, rate, recent, window, waiting, exp}
+  return {state, position, adm, now, opens, rate, recent, window, waiting, exp,
+    q_num(KEYS[1], 'qseq')}
 end

@@ -227,6 +227,11 @@ pub(super) async fn sku_view(
     admin(state, req)?;
     let sku = check_sku(sku)?;
     let v = ledger::view(&state.store, &state.catalog, sku).await?;
+    // Never `consistent: false` for books that balance (monitoring pages on it): a reading
+    // that cannot tell says so instead.
+    if v.moving() {
+        return Err(ApiError::BooksMoving);
+    }
     let mut r = json(StatusCode::OK, &v);
     // Whether the numbers are one instant's (docs/ledger-view.md): an answer read while Redis
     // kept moving says so here, since the body's fields are the contract's.

@@ -96,6 +96,8 @@ pub enum ApiError {
     NoAdjacentSeats(i64),
     /// A restock of a seated SKU: it grows by its plan, not by a count.
     SeatedSku,
+    /// The SKU view while acknowledgements moved Redis under every reading it took.
+    BooksMoving,
 }
 
 #[derive(Serialize)]
@@ -240,7 +242,7 @@ impl ApiError {
                 "request_timeout",
                 "Request body too slow",
             ),
-            Unavailable(_) | Database(_) | TooManyConnections | OperatorBusy => (
+            Unavailable(_) | Database(_) | TooManyConnections | OperatorBusy | BooksMoving => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
                 "Temporarily unavailable",
@@ -303,6 +305,11 @@ impl ApiError {
                     .into(),
             ),
             ApiError::StatePresent(what) => Some((*what).into()),
+            ApiError::BooksMoving => Some(
+                "the writers recorded winners under every reading of the books just taken, so \
+                 none of them tells whether they balance; read the view again"
+                    .into(),
+            ),
             // Nothing comes back by waiting: an operator must rebuild the SKU from the ledger.
             ApiError::Unavailable(StoreError::SkuLost) => Some(
                 "Redis holds no state for this SKU (it lost its data): claims fail closed until \

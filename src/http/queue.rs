@@ -121,6 +121,7 @@ pub(super) async fn join(
         .map_err(read_error)?;
     match joined {
         Joined::Ticket { created, report } => {
+            unrecorded(state, sku.as_str(), &report).await?;
             let status = if created {
                 StatusCode::CREATED
             } else {
@@ -187,10 +188,26 @@ pub(super) async fn get_ticket(
         ))
         .await
         .map_err(read_error)?;
+    if report.state == Some(TicketState::Admitted) && visitor.is_some() {
+        // The token goes out only with its admission in the ledger.
+        unrecorded(state, &entry.sku, &report).await?;
+    }
     let Some(view) = ticket_view(state, &entry, &ticket, visitor.as_deref(), &report) else {
         return Err(ApiError::UnknownTicket);
     };
     Ok(json(StatusCode::OK, &view))
+}
+
+/// 503 unless PostgreSQL holds the line as far as `report` read it (a ticket answered is one
+/// no loss of Redis forgets): joining again finds the same ticket.
+async fn unrecorded(state: &AppState, sku: &str, report: &calls::Report) -> Result<()> {
+    if crate::queue::tickets::recorded(&state.store, sku, report.line_seq).await {
+        Ok(())
+    } else {
+        Err(ApiError::Unavailable(StoreError::Unavailable(
+            "the waiting room's line is not recorded yet; join or read again".into(),
+        )))
+    }
 }
 
 /// The SKU a ticket's tag names. A SKU's tag never changes, so the tag's SKU id is kept once

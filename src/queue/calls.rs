@@ -30,6 +30,9 @@ pub struct Report {
     pub waiting: i64,
     /// When the admission ends (unix ms, Redis's clock): fixed when it was made; 0 if none.
     pub expires_ms: i64,
+    /// The line's sequence at this reading: everything the ticket's answer rests on is logged
+    /// at or below it ([`super::tickets::recorded`]).
+    pub line_seq: i64,
 }
 
 /// What a join answered.
@@ -79,7 +82,7 @@ fn int(v: Option<&Value>) -> i64 {
 }
 
 fn report(items: &[Value]) -> Result<Report, StoreError> {
-    if items.len() < 10 {
+    if items.len() < 11 {
         return Err(StoreError::Protocol(format!("queue report: {items:?}")));
     }
     let i = |n: usize| int(items.get(n));
@@ -101,6 +104,7 @@ fn report(items: &[Value]) -> Result<Report, StoreError> {
         window_ms: i(7),
         waiting: i(8),
         expires_ms: i(9),
+        line_seq: i(10),
     })
 }
 

@@ -9,6 +9,10 @@
 //! failover to a lagging replica) and fails closed like an older state; and a restore puts
 //! every ticket back in place and state ([`super::rebuild`]).
 //!
+//! A join is answered, and an admitted ticket's token handed out, only once the line is recorded
+//! up to the reading that answers it ([`recorded`]: this gateway's recorder is woken at once,
+//! so joins arriving together share one transaction).
+//!
 //! Several gateways may copy the same entries at once: joins are `ON CONFLICT DO NOTHING`, an
 //! admission is kept only where none was recorded (a ticket is admitted once, I4), the mark
 //! only grows. An entry is trimmed only after its transaction committed, so a SIGKILL between
@@ -70,6 +74,7 @@ impl Recorder {
             }
             tokio::select! {
                 _ = tokio::time::sleep(TICK) => {}
+                _ = self.store.line_wake().notified() => {}
                 _ = shutdown.cancelled() => {}
             }
         }
@@ -88,6 +93,28 @@ impl Recorder {
             flush(&self.store, &self.db, &sku).await?;
         }
         Ok(())
+    }
+}
+
+/// How long a join (or an admitted ticket's reading) waits for its line to be recorded before
+/// it answers 503 (the visitor joins again: the same ticket).
+pub const RECORD_WAIT: Duration = Duration::from_secs(3);
+
+/// Waits until PostgreSQL holds `sku`'s line up to `seq` (this gateway's recorder is woken;
+/// another gateway's record shows in the marks it re-reads). `false` past [`RECORD_WAIT`].
+/// A join is answered, and an admission's token handed out, only then: a ticket a visitor was
+/// told of is never one that Redis losing its data or coming back older can forget.
+pub async fn recorded(store: &Store, sku: &str, seq: i64) -> bool {
+    let deadline = tokio::time::Instant::now() + RECORD_WAIT;
+    loop {
+        if store.line_floor(sku) >= seq {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        store.line_wake().notify_one();
+        tokio::time::sleep(Duration::from_millis(3)).await;
     }
 }
 

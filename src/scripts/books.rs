@@ -35,6 +35,9 @@ pub struct Head {
     pub stale: Option<String>,
     pub pool: Option<i64>,
     pub transfer_out: Option<i64>,
+    /// Journal entries acknowledged so far (`ack_journal.lua`): the one count that moves when
+    /// an entry leaves the journal for the ledger.
+    pub acks: Option<i64>,
 }
 
 type HeadReply = (
@@ -42,6 +45,7 @@ type HeadReply = (
     Option<i64>,
     Option<i64>,
     Option<String>,
+    Option<i64>,
     Option<i64>,
     Option<i64>,
 );
@@ -98,6 +102,7 @@ pub async fn read_books<C: ConnectionLike>(
             stale: h.3,
             pool: h.4,
             transfer_out: h.5,
+            acks: h.6,
         },
         entries,
         more: more == 1,

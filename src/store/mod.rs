@@ -70,6 +70,8 @@ pub struct Store {
     /// The highest line sequence PostgreSQL recorded of each queued SKU, as this gateway knows
     /// it (see [`crate::queue::tickets`]): a waiting room's line behind it is an older copy.
     line_marks: Arc<dashmap::DashMap<String, i64>>,
+    /// Wakes the ticket recorder at once: a join waits for its ticket's record.
+    line_wake: Arc<tokio::sync::Notify>,
 }
 
 impl Store {
@@ -137,6 +139,7 @@ impl Store {
             recent_marks: Arc::default(),
             marks: Arc::default(),
             line_marks: Arc::default(),
+            line_wake: Arc::default(),
         };
         let mut con = store.hot();
         // Startup is not the hot path: loading every script (on every master) gets the same
@@ -204,6 +207,11 @@ impl Store {
     /// whose sequence is behind it fails closed.
     pub fn line_floor(&self, sku: &str) -> i64 {
         self.line_marks.get(sku).map_or(0, |m| *m)
+    }
+
+    /// The ticket recorder's wake-up ([`crate::queue::tickets`]).
+    pub fn line_wake(&self) -> &tokio::sync::Notify {
+        &self.line_wake
     }
 
     /// Raises the line floor of `sku` to `mark` (floors only grow).

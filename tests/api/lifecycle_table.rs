@@ -68,6 +68,8 @@ const NOT_STATUSES: &[&str] = &[
     "idle",
     // The state's incarnation (lua/lib/fresh.lua, rotate.lua).
     "inc",
+    // The state's count of journal acknowledgements (ack_journal.lua; the view's fence).
+    "acks",
     // A compensation marker's value for a hold that had ended before its compensation
     // (compensate.lua; its other value, 'compensated', is a claim status).
     "ended",

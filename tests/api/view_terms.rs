@@ -112,7 +112,7 @@ async fn views_while_holds_restocks_and_term_changes_run_through_two_gateways_ar
                 let status = r.status().as_u16();
                 let v: Value = r.json().await.unwrap();
                 read.fetch_add(1, Ordering::SeqCst);
-                if status != 200 || v["consistent"] != true {
+                if !said_so(status, &v) && (status != 200 || v["consistent"] != true) {
                     wrong.push((status, reading, v));
                 }
             }
@@ -142,4 +142,100 @@ async fn views_while_holds_restocks_and_term_changes_run_through_two_gateways_ar
     );
     let v = a.drained(SKU).await;
     assert_eq!(v["consistent"], true, "{v}");
+}
+
+/// Claims alone, as many at once as the machine takes, on one gateway: during a drop Redis
+/// moves between any two readings, so the view cannot wait for it to stand still; it must
+/// still never say `consistent: false` (from outside: 13 of 221 views were false).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn views_during_a_flood_of_claims_are_never_false() {
+    let _heavy = heavy().await;
+    let app = spawn_app().await;
+    let r = declare_with(
+        &app.api,
+        "flood",
+        json!({"total": 100000, "per_user_limit": 1}),
+    )
+    .await;
+    assert_eq!(r.status(), 201);
+    let done = Arc::new(AtomicBool::new(false));
+    let buyers: Vec<_> = (0..48)
+        .map(|n| {
+            let (api, done) = (app.api.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut round = 0;
+                while !done.load(Ordering::SeqCst) {
+                    let r = api.claim("flood", &format!("f{n}-{round}"), 1, None).await;
+                    // 409: sold out, on a slow run.
+                    assert!(
+                        matches!(r.status().as_u16(), 201 | 409 | 503 | 429),
+                        "{}",
+                        r.status()
+                    );
+                    round += 1;
+                }
+                round
+            })
+        })
+        .collect();
+    const VIEWS: usize = 400;
+    let moving = Arc::new(AtomicUsize::new(0));
+    let wrong = all_at_once(2, |_| {
+        let (api, moving) = (app.api.clone(), moving.clone());
+        async move {
+            let mut wrong = Vec::new();
+            for _ in 0..VIEWS / 2 {
+                let r = api
+                    .http
+                    .get(format!("{}/admin/skus/flood", api.base))
+                    .bearer_auth(ADMIN)
+                    .send()
+                    .await
+                    .unwrap();
+                let reading = r
+                    .headers()
+                    .get("dropgate-reading")
+                    .map(|h| h.to_str().unwrap().to_string());
+                let status = r.status().as_u16();
+                let v: Value = r.json().await.unwrap();
+                if said_so(status, &v) {
+                    moving.fetch_add(1, Ordering::SeqCst);
+                } else if status != 200 || v["consistent"] != true {
+                    wrong.push((reading, v));
+                }
+            }
+            wrong
+        }
+    })
+    .await;
+    done.store(true, Ordering::SeqCst);
+    let mut claims = 0;
+    for b in buyers {
+        claims += b.await.unwrap();
+    }
+    let wrong: Vec<_> = wrong.into_iter().flatten().collect();
+    let moving = moving.load(Ordering::SeqCst);
+    println!("{VIEWS} views beside {claims} claims; {moving} said the books moved under them");
+    assert!(
+        wrong.is_empty(),
+        "{} of {VIEWS} views were not consistent, first: {:?}",
+        wrong.len(),
+        wrong.first()
+    );
+    // Saying so is the exception: the acknowledgement fence makes most readings exact.
+    assert!(
+        moving * 5 <= VIEWS,
+        "{moving} of {VIEWS} views could not tell"
+    );
+}
+
+/// The view's 503 for a reading that could not tell (ledger::SkuView::moving): it says so
+/// rather than answer `consistent: false`.
+fn said_so(status: u16, v: &Value) -> bool {
+    status == 503
+        && code(v) == "unavailable"
+        && v["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("read the view again")
 }

@@ -248,3 +248,68 @@ async fn a_line_behind_the_recorded_line_sequence_is_refused_by_every_queue_scri
         assert_eq!(n, (1, 0), "{name} moved the older line");
     }
 }
+
+/// Redis loses everything right after visitors were answered (no time for a periodic copy):
+/// every ticket answered, and every admission whose token was handed out, comes back with the
+/// restore. A join is answered only once its ticket is in PostgreSQL, and a token only once
+/// its admission is (before that, a loss right after a burst forgot the last tickets
+/// answered 201, and a token's admission, which its visitor then got a second time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_loss_right_after_answers_forgets_no_ticket_nor_admission() {
+    let _heavy = heavy().await;
+    let mut redis = PrivateRedis::start().await;
+    let iso = Isolation::new();
+    let app = spawn_with_config(iso.raw_config(&redis.url())).await;
+    let r = declare_queued(
+        &app,
+        SKU,
+        100,
+        json!({"admit_per_second": 1, "admission_ttl_seconds": 600}),
+        json!({}),
+    )
+    .await;
+    assert_eq!(r.status(), 201);
+    let visitors: Vec<String> = (0..12).map(|i| format!("l-{i}")).collect();
+    // The first is admitted and reads its token; the rest join all at once.
+    let (s, b) = join_retrying(&app, SKU, &visitor(&visitors[0])).await;
+    assert_eq!(s, 201, "{b}");
+    let first = b["ticket_id"].as_str().unwrap().to_string();
+    let admitted = until(LONG, || async {
+        let (s, b) = ticket(&app, &first, &visitor(&visitors[0])).await;
+        (s == 200 && b["state"] == "admitted").then_some(b)
+    })
+    .await;
+    let answers = all_at_once(visitors.len() - 1, |i| {
+        let (api, v) = (app.api.clone(), visitor(&visitors[i + 1]));
+        async move { join(&api, SKU, &v).await }
+    })
+    .await;
+    let mut ids = vec![first];
+    for (s, b) in &answers {
+        assert_eq!(*s, 201, "{b}");
+        ids.push(b["ticket_id"].as_str().unwrap().to_string());
+    }
+    redis.kill();
+    redis.wipe();
+    redis.restart().await;
+    let _: Result<String, _> = redis::cmd("PING")
+        .query_async(&mut app.probe.redis.clone())
+        .await;
+    let r = app.restore(SKU, false).await;
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    for (i, id) in ids.iter().enumerate() {
+        let (s, b) = ticket(&app, id, &visitor(&visitors[i])).await;
+        assert_eq!(
+            s, 200,
+            "visitor {i}'s ticket answered 201 was forgotten: {b}"
+        );
+        // Joining again finds it: no second place.
+        let (s, b) = join(&app, SKU, &visitor(&visitors[i])).await;
+        assert_eq!((s, &b["ticket_id"]), (200, &json!(id)), "{b}");
+    }
+    let (_, b) = ticket(&app, &ids[0], &visitor(&visitors[0])).await;
+    assert_eq!(b["state"], "admitted", "{b}");
+    assert_eq!(b["admission_expires_at"], admitted["admission_expires_at"]);
+    let (s, b) = claim_with(&app, SKU, admitted["admission_token"].as_str().unwrap()).await;
+    assert_eq!(s, 201, "{b}");
+}
