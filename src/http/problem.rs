@@ -342,16 +342,13 @@ impl ApiError {
             _ => None,
         };
         let bytes = match (&self, detail, claim_id) {
-            (ApiError::SeatsTaken(ids), ..) => seat_body(
-                status,
-                code,
-                title,
-                self.fixed_detail(),
-                Some(ids.clone()),
-                None,
-            ),
+            (ApiError::SeatsTaken(ids), ..) => {
+                let detail = self.fixed_detail().map(str::to_string);
+                seat_body(status, code, title, detail, None, (Some(ids.clone()), None))
+            }
             (ApiError::NoAdjacentSeats(n), ..) => {
-                seat_body(status, code, title, self.fixed_detail(), None, Some(*n))
+                let detail = self.fixed_detail().map(str::to_string);
+                seat_body(status, code, title, detail, None, (None, Some(*n)))
             }
             // The hot refusals (sold_out above all) carry neither, or a fixed detail: rendered
             // once per title.
@@ -452,6 +449,18 @@ fn problem_body(
     detail: Option<String>,
     claim_id: Option<uuid::Uuid>,
 ) -> Bytes {
+    seat_body(status, code, title, detail, claim_id, (None, None))
+}
+
+/// A problem with a seated claim's extras: the seats taken, or the largest block.
+fn seat_body(
+    status: StatusCode,
+    code: &str,
+    title: &str,
+    detail: Option<String>,
+    claim_id: Option<uuid::Uuid>,
+    (taken, largest_block): (Option<Vec<String>>, Option<i64>),
+) -> Bytes {
     let body = Problem {
         kind: type_uri(code),
         title,
@@ -459,28 +468,6 @@ fn problem_body(
         code,
         detail,
         claim_id,
-        taken: None,
-        largest_block: None,
-    };
-    Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
-}
-
-/// A seated claim's refusal, with the seats taken or the largest block.
-fn seat_body(
-    status: StatusCode,
-    code: &str,
-    title: &str,
-    detail: Option<&str>,
-    taken: Option<Vec<String>>,
-    largest_block: Option<i64>,
-) -> Bytes {
-    let body = Problem {
-        kind: type_uri(code),
-        title,
-        status: status.as_u16(),
-        code,
-        detail: detail.map(str::to_string),
-        claim_id: None,
         taken,
         largest_block,
     };

@@ -98,19 +98,7 @@ async fn views_while_holds_restocks_and_term_changes_run_through_two_gateways_ar
         async move {
             let mut wrong = Vec::new();
             for _ in 0..VIEWS / 2 {
-                let r = api
-                    .http
-                    .get(format!("{}/admin/skus/{SKU}", api.base))
-                    .bearer_auth(ADMIN)
-                    .send()
-                    .await
-                    .unwrap();
-                let reading = r
-                    .headers()
-                    .get("dropgate-reading")
-                    .map(|h| h.to_str().unwrap().to_string());
-                let status = r.status().as_u16();
-                let v: Value = r.json().await.unwrap();
+                let (status, reading, v) = read_view(&api, SKU).await;
                 read.fetch_add(1, Ordering::SeqCst);
                 if !said_so(status, &v) && (status != 200 || v["consistent"] != true) {
                     wrong.push((status, reading, v));
@@ -185,19 +173,7 @@ async fn views_during_a_flood_of_claims_are_never_false() {
         async move {
             let mut wrong = Vec::new();
             for _ in 0..VIEWS / 2 {
-                let r = api
-                    .http
-                    .get(format!("{}/admin/skus/flood", api.base))
-                    .bearer_auth(ADMIN)
-                    .send()
-                    .await
-                    .unwrap();
-                let reading = r
-                    .headers()
-                    .get("dropgate-reading")
-                    .map(|h| h.to_str().unwrap().to_string());
-                let status = r.status().as_u16();
-                let v: Value = r.json().await.unwrap();
+                let (status, reading, v) = read_view(&api, "flood").await;
                 if said_so(status, &v) {
                     moving.fetch_add(1, Ordering::SeqCst);
                 } else if status != 200 || v["consistent"] != true {
@@ -227,6 +203,22 @@ async fn views_during_a_flood_of_claims_are_never_false() {
         moving * 5 <= VIEWS,
         "{moving} of {VIEWS} views could not tell"
     );
+}
+
+/// One read of the SKU view: status, its `Dropgate-Reading` header, body.
+async fn read_view(api: &Api, sku: &str) -> (u16, Option<String>, Value) {
+    let r = api
+        .http
+        .get(format!("{}/admin/skus/{sku}", api.base))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    let reading = r
+        .headers()
+        .get("dropgate-reading")
+        .map(|h| h.to_str().unwrap().to_string());
+    (r.status().as_u16(), reading, r.json().await.unwrap())
 }
 
 /// The view's 503 for a reading that could not tell (ledger::SkuView::moving): it says so
