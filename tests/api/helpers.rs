@@ -227,16 +227,34 @@ impl Api {
         req.send().await.unwrap()
     }
 
+    /// The SKU view; a view that says it could not tell (the writers acknowledged under every
+    /// reading it took: 503, "read the view again", docs/ledger-view.md) is read again, as a
+    /// client does after Retry-After.
     pub async fn view(&self, sku: &str) -> Value {
-        let r = self
-            .http
-            .get(format!("{}/admin/skus/{sku}", self.base))
-            .bearer_auth(ADMIN)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200, "SKU view of {sku}");
-        r.json().await.unwrap()
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let r = self
+                .http
+                .get(format!("{}/admin/skus/{sku}", self.base))
+                .bearer_auth(ADMIN)
+                .send()
+                .await
+                .unwrap();
+            let status = r.status();
+            let v: Value = r.json().await.unwrap();
+            let again = status == 503
+                && v["detail"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("read the view again")
+                && Instant::now() < deadline;
+            if again {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+            assert_eq!(status, 200, "SKU view of {sku}: {v}");
+            return v;
+        }
     }
 
     pub async fn drained(&self, sku: &str) -> Value {
