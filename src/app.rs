@@ -139,6 +139,7 @@ impl Application {
             secret: config.tokens.ticket_secret().clone(),
             signing: config.tokens.signing().clone(),
             ticket_tags: dashmap::DashMap::new(),
+            seat_maps: crate::seatmaps::SeatMaps::new(),
         });
         let writer = Writer::new(
             store.clone(),

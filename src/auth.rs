@@ -188,6 +188,20 @@ impl Verifier {
         }
     }
 
+    /// Verifies any token the gateway accepts, an admission token or a visitor's, for a read
+    /// about `sku` that both may make (the seat map): its `sub`. A token scoped to another SKU
+    /// is refused.
+    ///
+    /// # Errors
+    /// [`AuthError::WrongSku`] for a token of another SKU; otherwise as [`Verifier::identify`].
+    pub fn reader(&self, header: Option<&str>, sku: Option<&str>) -> Result<String, AuthError> {
+        let v = self.verify(header)?;
+        match (sku, v.sku.as_deref()) {
+            (Some(asked), Some(own)) if asked != own => Err(AuthError::WrongSku),
+            _ => Ok(v.sub),
+        }
+    }
+
     /// Verifies a buyer's token: who it is and the SKU it is limited to, for a route that
     /// names a claim or entry rather than a SKU (the caller checks the scope against it).
     ///

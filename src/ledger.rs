@@ -86,7 +86,7 @@ pub fn table(views: &[SkuView]) -> String {
 }
 
 /// The SKU view of API.md.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct SkuView {
     pub sku: String,
     pub total: i64,
@@ -127,6 +127,10 @@ pub struct SkuView {
     /// A SKU with a waiting room only ([`crate::queue`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub queue: Option<crate::queue::QueueView>,
+    /// A seated SKU only: free, taken (sold or held) and stranded seats of its map
+    /// ([`crate::seatmaps`]); absent when Redis cannot tell.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seats: Option<crate::seatmaps::SeatCounts>,
     /// How this answer was read: whether Redis stood still while PostgreSQL was read (the
     /// two sides one instant's), and how many readings it took. The HTTP answer carries it
     /// in a header (`Dropgate-Reading`), not in the body the contract fixes.
@@ -253,6 +257,7 @@ async fn read_view(
             in_transit: r.in_transit,
             shards: r.shards,
             queue: queue_part(store, &row).await,
+            seats: crate::seatmaps::counts_now(store, &row).await,
             reading: ReadingNote {
                 fenced: r.fenced,
                 attempts: attempt as u32,
@@ -333,6 +338,7 @@ mod tests {
             shards: None,
             reading: ReadingNote::default(),
             queue: None,
+            seats: None,
         }
     }
 

@@ -32,13 +32,15 @@
 //!      (exponential backoff); [`repeats`]: a background task's repeated warnings, logged
 //!      when a fault starts or changes, then at most every 10 s, and once when it ends.
 //! 2. **stores** ([`activity`], [`catalog`], [`db`], [`freshness`], [`journal`], [`queue`],
-//!    [`scripts`], [`store`]): Redis and PostgreSQL, and what reads or writes one SKU's
-//!    state in them.
+//!    [`scripts`], [`seatmaps`], [`store`]): Redis and PostgreSQL, and what reads or writes
+//!    one SKU's state in them.
 //!    - [`scripts`] and `lua/`: the Lua scripts, loaded once, and a typed wrapper for each
 //!      (the only place that knows a script's KEYS and ARGV order).
 //!    - [`store`]: Redis connections, on a single Redis (multiplexed hot path, bb8 pool for
 //!      background readers) or a Redis Cluster; the replicas a decision waits for (`WAIT`),
 //!      the ledger's marks this gateway sends as floors, its marks of active SKUs.
+//!    - [`seatmaps`]: each seated SKU's seat map as this gateway last read it (at most a
+//!      second old, one Redis read a half second whatever the number of readers).
 //!    - [`db`]: the ledger's pool and the request path's, kept apart; [`catalog`]: SKUs in
 //!      PostgreSQL, cached in process (unknown SKU = 404, no Redis trip).
 //!    - [`journal`]: a SKU's journal (a Redis Stream), read and acknowledged in a consumer
@@ -126,6 +128,7 @@ pub mod pace;
 pub mod record;
 pub mod repeats;
 pub mod seating;
+pub mod seatmaps;
 pub mod sku;
 pub mod startup;
 pub mod status;

@@ -87,6 +87,8 @@ pub const SKU_UNWRITTEN: &str = "dropgate_sku_unwritten_entries";
 pub const HOLDS: &str = "dropgate_holds_total";
 pub const EXPIRY_LAG: &str = "dropgate_hold_expiry_lag_seconds";
 pub const OFFERS: &str = "dropgate_waitlist_offers_total";
+/// Copies of seat maps read from Redis for `GET /v1/skus/{sku}/seats` (src/seatmaps.rs).
+pub const SEAT_MAP_READS: &str = "dropgate_seat_map_reads_total";
 // The waiting room's admission worker (src/queue/admit.rs).
 pub const QUEUE_WAITING: &str = "dropgate_queue_waiting";
 pub const QUEUE_ADMITTED: &str = "dropgate_queue_admitted_total";
@@ -215,6 +217,11 @@ pub fn offers(result: &'static str, n: usize) {
     if n > 0 {
         counter!(OFFERS, "result" => result).increment(n as u64);
     }
+}
+
+/// Counts a seat map read from Redis (one per copy, whatever the number of readers).
+pub fn seat_map_read() {
+    counter!(SEAT_MAP_READS).increment(1);
 }
 
 pub fn claim_failed(code: &'static str) {

@@ -113,26 +113,36 @@ impl Refresher {
             self.marks.observe(&sku, floor.seq);
             self.marks.observe_inc(&sku, floor.inc);
             let floor = self.marks.fence_peek(&sku);
-            if let Some((seq, inc)) = self.compare(&sku, floor).await? {
-                self.rotate(&sku, floor, seq, inc).await;
+            if let Some((moves, inc)) = self.compare(&sku, floor).await? {
+                self.rotate(&sku, floor, moves, inc).await;
             }
         }
         Ok(())
     }
 
-    /// Compares the state of `name` with `floor`, closing it when older. Returns its sequence
-    /// and incarnation when it is present and fresh.
+    /// Compares the state of `name` with `floor`, closing it when older. Returns, when it is
+    /// present and fresh, its moves so far (the state's sequence plus its waiting room line's:
+    /// both only grow, so the sum changes whenever either does) and its incarnation.
     async fn compare(&self, name: &str, floor: Floor) -> Result<Option<(i64, i64)>, TaskError> {
         let keys = self.store.keys(name);
+        let line = keys.queue()[0].clone();
         let mut con = self.store.hot();
-        let (seq, stale, inc): (Option<i64>, Option<String>, Option<i64>) = self
+        #[allow(clippy::type_complexity)]
+        let ((seq, stale, inc), (qseq,)): (
+            (Option<i64>, Option<String>, Option<i64>),
+            (Option<i64>,),
+        ) = self
             .store
             .bounded(async {
-                Ok(redis::cmd("HMGET")
+                Ok(redis::pipe()
+                    .cmd("HMGET")
                     .arg(keys.state())
                     .arg("seq")
                     .arg("stale")
                     .arg("inc")
+                    .cmd("HMGET")
+                    .arg(line)
+                    .arg("qseq")
                     .query_async(&mut con)
                     .await?)
             })
@@ -145,14 +155,15 @@ impl Refresher {
             close_stale(&self.store, name, "state older than the ledger").await;
             return Ok(None);
         }
-        Ok(Some((seq, inc)))
+        Ok(Some((seq + qseq.unwrap_or(0), inc)))
     }
 
-    /// Advances the incarnation of a state found fresh whose sequence moved since its last
-    /// rotation, and records it once the replicas hold it: a copy of the state taken before
-    /// now is then recognised as older whatever its sequence becomes (`lua/rotate.lua`).
-    async fn rotate(&self, name: &str, floor: Floor, seq: i64, inc: i64) {
-        if self.marks.rotated_at(name) == seq {
+    /// Advances the incarnation of a state found fresh that moved (a unit, or its waiting
+    /// room's line) since its last rotation, and records it once the replicas hold it: a copy
+    /// of the state taken before now is then recognised as older whatever its sequence or its
+    /// line's becomes (`lua/rotate.lua`; every queue script checks the state's incarnation).
+    async fn rotate(&self, name: &str, floor: Floor, moves: i64, inc: i64) {
+        if self.marks.rotated_at(name) == moves {
             return;
         }
         let keys = self.store.keys(name);
@@ -183,7 +194,7 @@ impl Refresher {
         match crate::freshness::shard_marks::record_inc(&self.db, name, new).await {
             Ok(()) => {
                 self.marks.observe_inc(name, new);
-                self.marks.set_rotated_at(name, seq);
+                self.marks.set_rotated_at(name, moves);
             }
             Err(e) => {
                 tracing::debug!(sku = name, error = %e, "could not record the incarnation; next round");

@@ -17,6 +17,7 @@ mod problems;
 mod queue;
 mod router;
 mod routes;
+mod seatmap;
 mod seats;
 mod state;
 

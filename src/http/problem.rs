@@ -96,6 +96,8 @@ pub enum ApiError {
     NoAdjacentSeats(i64),
     /// A restock of a seated SKU: it grows by its plan, not by a count.
     SeatedSku,
+    /// The seat map of a SKU sold by count.
+    NotSeated,
     /// The SKU view while acknowledgements moved Redis under every reading it took.
     BooksMoving,
 }
@@ -209,6 +211,7 @@ impl ApiError {
                 "Not admitted by the waiting room",
             ),
             NotQueued => (StatusCode::CONFLICT, "not_queued", "The SKU has no queue"),
+            NotSeated => (StatusCode::CONFLICT, "not_seated", "The SKU has no seats"),
             UnknownTicket => (
                 StatusCode::NOT_FOUND,
                 "unknown_ticket",
@@ -409,6 +412,7 @@ impl ApiError {
                  (POST /v1/skus/{sku}/queue)"
             }
             NotQueued => "the SKU has no waiting room: claim it directly",
+            NotSeated => "the SKU is sold by count (general admission): it has no seat map",
             InStock => "units remain: claim them instead of joining the waitlist",
             SeatedSku => {
                 "a seated SKU's total is its seat plan: grow it by declaring longer rows or more \

@@ -13,7 +13,7 @@ use super::handler::{json, Result};
 use super::problem::{ApiError, Body};
 use super::routes;
 use super::AppState;
-use super::{admin, lifecycle, live, openapi, problems, queue};
+use super::{admin, lifecycle, live, openapi, problems, queue, seatmap};
 use crate::lifecycle::holds::HoldOp;
 
 /// One path of the API and the methods it answers.
@@ -75,6 +75,7 @@ pub const ROUTES: &[Route] = &[
     r("/v1/skus/{sku}/queue", "POST"),
     r("/v1/queue/{ticket_id}", "GET"),
     r("/queue/{sku}", "GET"),
+    r("/v1/skus/{sku}/seats", "GET"),
 ];
 
 /// Most path segments a route has; a longer path matches none.
@@ -143,6 +144,7 @@ async fn route(state: &Arc<AppState>, req: Request<Incoming>) -> Result<Response
         ("/v1/skus/{sku}/queue", "POST") => queue::join(state, p(0), &req).await,
         ("/v1/queue/{ticket_id}", "GET") => queue::get_ticket(state, p(0), &req).await,
         ("/queue/{sku}", "GET") => Box::pin(queue::page(state, p(0), &req)).await,
+        ("/v1/skus/{sku}/seats", "GET") => seatmap::map(state, p(0), &req).await,
         // An entry of the table without its arm: tests/api/openapi.rs probes every entry.
         _ => Err(ApiError::NotFound),
     }

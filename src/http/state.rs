@@ -36,6 +36,8 @@ pub struct AppState {
     pub signing: crate::config::HmacKey,
     /// Queued SKUs by tag, as tickets name them (a SKU's tag never changes).
     pub ticket_tags: dashmap::DashMap<i32, String>,
+    /// Seated SKUs' seat maps as this gateway last read them (`GET /v1/skus/{sku}/seats`).
+    pub seat_maps: crate::seatmaps::SeatMaps,
 }
 
 impl AppState {

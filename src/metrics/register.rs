@@ -241,6 +241,11 @@ fn lifecycle() {
     for result in ["made", "taken", "lapsed"] {
         counter!(OFFERS, "result" => result).increment(0);
     }
+    describe_counter!(
+        SEAT_MAP_READS,
+        "Seat map copies read from Redis for GET /v1/skus/{sku}/seats: one a half second per seated SKU read, whatever the number of readers"
+    );
+    counter!(SEAT_MAP_READS).increment(0);
 }
 
 /// Describes the worker's families and registers them at zero. They sum the SKUs this

@@ -115,7 +115,7 @@ impl<'r> sqlx::FromRow<'r, PgRow> for QueueRow {
 }
 
 /// The `queue` of the SKU view.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct QueueView {
     /// Tickets in line (pre-queue included); `None` when Redis cannot tell.
     pub waiting: Option<i64>,
@@ -123,6 +123,8 @@ pub struct QueueView {
     pub admitted: Option<i64>,
     pub admit_per_second: i32,
     pub admission_ttl_seconds: i32,
+    /// Admitted and unused tickets per unit that can still be sold (the declare's `overbook`).
+    pub overbook: f64,
     pub prequeue_from: Option<String>,
     /// SHA-256 of the seed (hex), from the declare on.
     pub seed_commitment: String,
@@ -150,6 +152,7 @@ impl QueueView {
             admitted: counts.map(|c| c.1),
             admit_per_second: q.admit_per_second,
             admission_ttl_seconds: q.admission_ttl_seconds,
+            overbook: f64::from(q.overbook_milli) / 1000.0,
             prequeue_from: q.prequeue_from.map(|t| rfc3339(&t)),
             seed_commitment: order::commitment(&q.seed),
             seed: open.then(|| q.seed.clone()),

@@ -157,13 +157,13 @@ impl Marks {
         self.unchecked.lock().extend(names);
     }
 
-    /// The state's sequence at this gateway's last rotation of `name` (-1: none yet).
+    /// The state's moves (`seq + qseq`) at this gateway's last rotation of `name` (-1: none yet).
     pub fn rotated_at(&self, name: &str) -> i64 {
         self.mark(name).rotated_at.load(Ordering::Relaxed)
     }
 
-    /// Notes that this gateway rotated `name` at the state's sequence `seq`.
-    pub fn set_rotated_at(&self, name: &str, seq: i64) {
-        self.mark(name).rotated_at.store(seq, Ordering::Relaxed);
+    /// Notes that this gateway rotated `name` at the state's moves `moves`.
+    pub fn set_rotated_at(&self, name: &str, moves: i64) {
+        self.mark(name).rotated_at.store(moves, Ordering::Relaxed);
     }
 }

@@ -47,6 +47,7 @@ mod restock;
 mod rollback;
 mod scope;
 mod script_findings;
+mod seat_map;
 mod seats;
 mod services;
 mod shards;

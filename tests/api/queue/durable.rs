@@ -313,3 +313,85 @@ async fn a_redis_loss_right_after_answers_forgets_no_ticket_nor_admission() {
     let (s, b) = claim_with(&app, SKU, admitted["admission_token"].as_str().unwrap()).await;
     assert_eq!(s, 201, "{b}");
 }
+
+/// A copy of the line taken before its last recorded joins, put back, and then moved past the
+/// line's mark by a gateway that has not learnt the mark yet (it reads it every 100 ms): the
+/// state's incarnation, rotated once the line moved (as after a claim), refuses it whatever
+/// its sequence has become. Before, a pre-queue (joins, no claim) never rotated the
+/// incarnation, and such a join went through on the older line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_line_moved_past_its_mark_is_refused_by_the_incarnation_its_moves_rotated() {
+    use dropgate::error::StoreError;
+    use dropgate::queue::calls;
+    let _heavy = heavy().await;
+    let mut redis = PrivateRedis::start().await;
+    let iso = Isolation::new();
+    let app = spawn_with_config(iso.raw_config(&redis.url())).await;
+    let opens = chrono::Utc::now() + chrono::Duration::seconds(3600);
+    let r = declare_queued(
+        &app,
+        SKU,
+        10,
+        json!({"admit_per_second": 2, "admission_ttl_seconds": 600}),
+        json!({"opens_at": opens.to_rfc3339()}),
+    )
+    .await;
+    assert_eq!(r.status(), 201);
+    join_all(&app, SKU, "o", 3).await;
+    recorded(&app.probe).await;
+    let inc_at = |db: sqlx::PgPool| async move {
+        sqlx::query_as::<_, (i64, i64)>("SELECT redis_seq, redis_inc FROM skus WHERE sku = $1")
+            .bind(SKU)
+            .fetch_one(&db)
+            .await
+            .unwrap()
+    };
+    // The incarnation the copy will carry: recorded once the declare's state moved.
+    let copied = until(LONG, || async {
+        let (_, pg) = inc_at(app.probe.db.clone()).await;
+        let redis: Option<i64> = {
+            let mut r = app.probe.redis.clone();
+            r.hget(
+                dropgate::keys::SkuKeys::new(&app.probe.prefix, SKU).state(),
+                "inc",
+            )
+            .await
+            .unwrap()
+        };
+        (pg > 0 && Some(pg) == redis).then_some(pg)
+    })
+    .await;
+    let snapshot = redis.snapshot();
+    for i in 3..6 {
+        let (s, b) = join_retrying(&app, SKU, &visitor(&format!("o-{i}"))).await;
+        assert_eq!(s, 201, "{b}");
+    }
+    let mark = recorded(&app.probe).await;
+    // No claim moved a unit: the line's moves alone rotate the incarnation.
+    let (seq, inc) = until(LONG, || async {
+        let (seq, inc) = inc_at(app.probe.db.clone()).await;
+        (inc > copied).then_some((seq, inc))
+    })
+    .await;
+
+    redis.kill();
+    redis.roll_back_to(&snapshot);
+    redis.restart().await;
+    let mut con = app.probe.redis.clone();
+    let _: Result<String, _> = redis::cmd("PING").query_async(&mut con).await;
+    let keys = dropgate::keys::SkuKeys::new(&app.probe.prefix, SKU);
+    let floor = dropgate::scripts::Floor { seq, inc };
+    // A gateway that knows the SKU's mark but not yet the line's (0): its joins would take
+    // the older line past `mark` by three.
+    let newcomer = uuid::Uuid::now_v7();
+    let r = calls::join(&mut con, &keys, &newcomer, 1, "o-new", floor, 0).await;
+    assert!(
+        matches!(r, Err(StoreError::Stale)),
+        "joined an older line: {r:?}"
+    );
+    let qseq: Option<i64> = con.hget(&keys.queue()[0], "qseq").await.unwrap();
+    assert!(
+        qseq.unwrap_or(0) < mark,
+        "the older line moved: {qseq:?} (mark {mark})"
+    );
+}

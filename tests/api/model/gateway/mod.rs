@@ -234,7 +234,7 @@ async fn the_gateway_keeps_every_invariant_under_seeded_faults() {
         fail(e);
     }
     let api = Api::new(bases.lock()[0].clone());
-    if let Err(e) = final_checks(&api, &probe, &nemesis.nats, &history, &knobs).await {
+    if let Err(e) = final_checks(&api, &probe, &nemesis.nats, &history).await {
         fail(e);
     }
     eprintln!("gateway model: passed in {:?}", started.elapsed());
@@ -245,7 +245,6 @@ async fn final_checks(
     probe: &Probe,
     nats: &PrivateNats,
     history: &History,
-    knobs: &Knobs,
 ) -> Result<(), String> {
     checker::settle(api, probe).await?;
     let rows = checker::ledger(probe).await?;
@@ -264,5 +263,5 @@ async fn final_checks(
         rows.len()
     );
     // Last: it sells q0 out and back.
-    queue::check(api, probe, history, knobs).await
+    queue::check(api, probe, history).await
 }

@@ -23,7 +23,7 @@ use uuid::Uuid;
 
 use super::history::{History, Joined};
 use super::ops::{answer, buyer, claim_as, Ctx};
-use super::skus::{spec, Knobs};
+use super::skus::spec;
 use crate::helpers::{code, token, token_for, Api, Probe, ADMIN, SECRET};
 
 pub const SKU: &str = "q0";
@@ -224,7 +224,6 @@ async fn read(cx: &Ctx<'_>, rng: &mut StdRng) -> Result<(), String> {
     let c = code(&body).to_string();
     let mut h = cx.history.lock();
     h.count("queue-read", status, &c);
-    let lost_ok = lost_tickets_allowed(cx.knobs);
     match (status, c.as_str(), who) {
         (404, "unknown_ticket", 2) => Ok(()),
         (_, _, 2) if matches!(status, 0 | 429 | 503) => Ok(()),
@@ -239,7 +238,6 @@ async fn read(cx: &Ctx<'_>, rng: &mut StdRng) -> Result<(), String> {
             }
             Ok(())
         }
-        (404, "unknown_ticket", _) if lost_ok => Ok(()),
         (0, _, _) | (429, "overloaded", _) | (503, "unavailable", _) => Ok(()),
         _ => Err(format!("read of {user}'s ticket {ticket}: {status} {body}")),
     }
@@ -376,7 +374,9 @@ async fn join_waitlist(
     }
 }
 
-/// The operator changes `admit_per_second` (PUT with the current total and the spec's terms).
+/// The operator changes `admit_per_second` and `overbook` (PUT with the current total and the
+/// spec's terms). Two clients may change them at once through two gateways: the catalog's
+/// last version is what Redis must hold once quiet (`checks::settings_never_reverted`).
 async fn set_rate(cx: &Ctx<'_>, rng: &mut StdRng) -> Result<(), String> {
     let r = cx
         .http
@@ -390,9 +390,11 @@ async fn set_rate(cx: &Ctx<'_>, rng: &mut StdRng) -> Result<(), String> {
     };
     let s = spec(SKU);
     let rate = [5, 20, 40, 100][rng.random_range(0..4)];
+    let overbook = [1.0, 1.5, 3.0][rng.random_range(0..3)];
     let body = json!({"total": total, "per_user_limit": s.limit, "hold_seconds": s.hold,
                       "offer_seconds": s.offer,
-                      "queue": {"admit_per_second": rate, "admission_ttl_seconds": TTL}});
+                      "queue": {"admit_per_second": rate, "admission_ttl_seconds": TTL,
+                                "overbook": overbook}});
     let r = cx
         .http
         .put(format!("{}/admin/skus/{SKU}", cx.base))
@@ -404,24 +406,21 @@ async fn set_rate(cx: &Ctx<'_>, rng: &mut StdRng) -> Result<(), String> {
     let c = code(&body).to_string();
     cx.history.lock().count("queue-rate", status, &c);
     match (status, c.as_str()) {
-        (200, _) if body["queue"]["admit_per_second"] == rate => Ok(()),
+        (200, _)
+            if body["queue"]["admit_per_second"] == rate
+                && body["queue"]["overbook"] == overbook =>
+        {
+            Ok(())
+        }
         (409, "sku_exists") | (503, _) | (429, _) | (0, _) => Ok(()),
-        _ => Err(format!("rate {rate} on {SKU}: {status} {body}")),
+        _ => Err(format!(
+            "rate {rate}, overbook {overbook} on {SKU}: {status} {body}"
+        )),
     }
 }
 
 mod checks;
 pub use checks::check;
-
-/// Whether Redis may lose tickets in this run: a rollback to an older snapshot loses the
-/// tickets joined in the last moments before it that the recorder had not yet copied into
-/// PostgreSQL (docs/freshness.md, limits); a ticket may then be joined anew and admitted again.
-/// A forced restore loses none: it copies the line's log first and rebuilds the line from the
-/// tickets PostgreSQL holds (src/queue/rebuild.rs), so with restores alone every ticket keeps
-/// its place and its one admission.
-fn lost_tickets_allowed(k: &Knobs) -> bool {
-    k.on("rollback")
-}
 
 /// `q0`'s Redis keys: the queue hash, the line, the admitted set.
 fn keys(probe: &Probe) -> [String; 11] {

@@ -8,19 +8,19 @@ use std::time::{Duration, Instant};
 use dropgate::status::TicketState;
 use uuid::Uuid;
 
-use super::{keys, line_reads, lost_tickets_allowed, zset, TicketRead, SKU, TTL};
+use super::{keys, line_reads, zset, TicketRead, SKU, TTL};
 use crate::helpers::{Api, Probe, SECRET};
 use crate::model::gateway::history::History;
-use crate::model::gateway::skus::Knobs;
 
-pub async fn check(api: &Api, probe: &Probe, h: &History, knobs: &Knobs) -> Result<(), String> {
+pub async fn check(api: &Api, probe: &Probe, h: &History) -> Result<(), String> {
     let admitted = zset(probe, &keys(probe)[2]).await?;
     let in_set: HashMap<Uuid, i64> = admitted.iter().copied().collect();
     nobody_without_admission(probe, h, &in_set).await?;
-    admitted_once(probe, h, &in_set, knobs).await?;
-    if !lost_tickets_allowed(knobs) {
-        readings_follow_the_table(&h.queue.reads)?;
-    }
+    admitted_once(probe, h, &in_set).await?;
+    // No ticket is lost, with rollbacks and restores too: every answered ticket keeps its
+    // place and its one admission (src/queue/tickets.rs, src/queue/rebuild.rs).
+    readings_follow_the_table(&h.queue.reads)?;
+    settings_never_reverted(probe).await?;
     sold_out_reaches_the_line(api, probe).await?;
     eprintln!(
         "gateway model: {SKU}: {} tickets, {} admitted, {} visitor readings; sold out told \
@@ -77,7 +77,6 @@ async fn admitted_once(
     probe: &Probe,
     h: &History,
     in_set: &HashMap<Uuid, i64>,
-    knobs: &Knobs,
 ) -> Result<(), String> {
     let k = keys(probe);
     let counted: Option<i64> = redis::cmd("HGET")
@@ -95,10 +94,6 @@ async fn admitted_once(
     let line = zset(probe, &k[1]).await?;
     if let Some((t, _)) = line.iter().find(|(t, _)| in_set.contains_key(t)) {
         return Err(format!("{SKU}: ticket {t} is in line and admitted"));
-    }
-    if lost_tickets_allowed(knobs) {
-        // A ticket Redis lost may be joined and admitted anew (docs/freshness.md).
-        return Ok(());
     }
     if let Some(t) = h.queue.recreated.first() {
         return Err(format!(
@@ -236,8 +231,49 @@ async fn sold_out_reaches_the_line(api: &Api, probe: &Probe) -> Result<(), Strin
     }
 }
 
+/// The waiting room's settings Redis holds once quiet are the catalog's last (rate, overbook,
+/// version): no gateway that read the catalog before an operator's change put the older
+/// settings back (each rewrites them every 2 s; `lua/queue_config.lua` keeps the highest
+/// version), and a restore after a rollback wrote them back.
+async fn settings_never_reverted(probe: &Probe) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let pg: (Option<i32>, Option<i32>, i64) = sqlx::query_as(
+            "SELECT queue_admit_per_second, queue_overbook_milli, queue_version
+             FROM skus WHERE sku = $1",
+        )
+        .bind(SKU)
+        .fetch_one(&probe.db)
+        .await
+        .map_err(|e| e.to_string())?;
+        let redis: (Option<i64>, Option<i64>, Option<i64>) = redis::cmd("HMGET")
+            .arg(&keys(probe)[0])
+            .arg("rate")
+            .arg("overbook_milli")
+            .arg("version")
+            .query_async(&mut probe.redis.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        let want = (
+            pg.0.map(i64::from),
+            Some(i64::from(pg.1.unwrap_or(1500))),
+            Some(pg.2),
+        );
+        if redis == want {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{SKU}'s queue settings in Redis (rate, overbook_milli, version) {redis:?}, \
+                 the catalog's {want:?}: an older version came back"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// `q0`'s admitted tickets not yet used or expired (each visitor's per-user count tells a used
-/// one), and the bound they must stay within: ceil(1.5 × (stock + live holds)).
+/// one), and the bound they must stay within: ceil(overbook × (stock + live holds)).
 async fn overbook_bound(probe: &Probe) -> Result<(i64, i64), String> {
     let k = keys(probe);
     let mut con = probe.redis.clone();
@@ -281,6 +317,12 @@ async fn overbook_bound(probe: &Probe) -> Result<(i64, i64), String> {
         .query_async(&mut con)
         .await
         .map_err(e)?;
+    let overbook: Option<i64> = redis::cmd("HGET")
+        .arg(&k[0])
+        .arg("overbook_milli")
+        .query_async(&mut con)
+        .await
+        .map_err(e)?;
     let units = stock.unwrap_or(0).max(0) + holds;
-    Ok((unused, (1500 * units + 999) / 1000))
+    Ok((unused, (overbook.unwrap_or(1500) * units + 999) / 1000))
 }

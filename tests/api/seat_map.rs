@@ -1,0 +1,195 @@
+//! The seat map for the crowd (API.md "Reserved seating", docs/seats.md): `GET
+//! /v1/skus/{sku}/seats` from each gateway's copy at most a second old, with `ETag` and 304,
+//! and no Redis read per request; the SKU view's `seats` counts.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::helpers::{all_at_once, code, spawn_app, token, token_for, TestApp, ADMIN};
+
+async fn declare_seated(app: &TestApp, sku: &str, seats: Value) {
+    let r = app
+        .http
+        .put(format!("{}/admin/skus/{sku}", app.base))
+        .bearer_auth(ADMIN)
+        .json(&json!({"seats": seats, "per_user_limit": 6}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "{:?}", r.text().await);
+}
+
+async fn map(app: &TestApp, path: &str, bearer: &str, etag: Option<&str>) -> reqwest::Response {
+    let mut req = app
+        .http
+        .get(format!("{}/v1/skus/{path}", app.base))
+        .bearer_auth(bearer);
+    if let Some(e) = etag {
+        req = req.header("If-None-Match", e);
+    }
+    req.send().await.unwrap()
+}
+
+async fn claim(app: &TestApp, sku: &str, user: &str, body: Value) -> Value {
+    let r = app
+        .http
+        .post(format!("{}/v1/skus/{sku}/claims", app.base))
+        .bearer_auth(token(user))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    r.json().await.unwrap()
+}
+
+/// Each row's string, in order.
+fn rows(body: &Value) -> Vec<String> {
+    body["sections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["rows"].as_array().unwrap().iter())
+        .map(|r| r["seats"].as_str().unwrap().to_string())
+        .collect()
+}
+
+async fn seat_map_reads(app: &TestApp) -> u64 {
+    let text = app.get("/metrics").await.text().await.unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("dropgate_seat_map_reads_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(0.0) as u64
+}
+
+/// A claim shows on the map within a second, the unchanged map answers 304 to its `ETag`, one
+/// section alone, the view's counts (free, taken, stranded), and the refusals: a section not
+/// in the plan (400), a SKU sold by count (409 `not_seated`), an unknown SKU (404), no token or
+/// one scoped to another SKU (401). A visitor token reads it too.
+#[tokio::test]
+async fn the_seat_map_shows_a_claim_within_a_second_and_answers_304_while_it_is_unchanged() {
+    let app = spawn_app().await;
+    declare_seated(
+        &app,
+        "smap",
+        json!({"sections": [{"name": "A", "rows": 2, "count": 6}, {"name": "B", "rows": 1, "count": 4}]}),
+    )
+    .await;
+    let buyer = token("m1");
+    let r = map(&app, "smap/seats", &buyer, None).await;
+    assert_eq!(r.status(), 200);
+    let etag = r.headers()["etag"].to_str().unwrap().to_string();
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(rows(&body), ["......", "......", "...."]);
+    assert_eq!(body["sku"], "smap");
+    let as_of = chrono::DateTime::parse_from_rfc3339(body["as_of"].as_str().unwrap()).unwrap();
+    assert!(
+        (chrono::Utc::now() - as_of.to_utc())
+            .num_milliseconds()
+            .abs()
+            < 2000
+    );
+    let r = map(&app, "smap/seats", &buyer, Some(&etag)).await;
+    assert_eq!(r.status(), 304);
+
+    let won = claim(&app, "smap", "m2", json!({"seats": ["A-1-2", "A-2-6"]})).await;
+    assert_eq!(won["seats"], json!(["A-1-2", "A-2-6"]));
+    let claimed = Instant::now();
+    let seen = loop {
+        let r = map(&app, "smap/seats", &buyer, Some(&etag)).await;
+        if r.status() == 200 {
+            break r.json::<Value>().await.unwrap();
+        }
+        assert_eq!(r.status(), 304);
+        assert!(
+            claimed.elapsed() < Duration::from_millis(1500),
+            "the map still showed no claim {:?} after it was answered",
+            claimed.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(rows(&seen), [".x....", ".....x", "...."]);
+    // A-1-1 is stranded (a row's end and a taken seat beside it).
+    let view = app.view("smap").await;
+    assert_eq!(
+        view["seats"],
+        json!({"free": 14, "taken": 2, "single_gaps": 1})
+    );
+    assert_eq!(view["remaining"], 14);
+
+    let r = map(
+        &app,
+        "smap/seats?section=B",
+        &crate::queue::visitor("v1"),
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let b: Value = r.json().await.unwrap();
+    assert_eq!(b["sections"].as_array().unwrap().len(), 1);
+    assert_eq!(rows(&b), ["...."]);
+
+    let r = map(&app, "smap/seats?section=Z", &buyer, None).await;
+    assert_eq!(r.status(), 400);
+    app.declare("gen", 5, 1).await;
+    let r = map(&app, "gen/seats", &buyer, None).await;
+    assert_eq!(
+        (r.status().as_u16(), code(&r.json().await.unwrap())),
+        (409, "not_seated")
+    );
+    let r = map(&app, "nope/seats", &buyer, None).await;
+    assert_eq!(
+        (r.status().as_u16(), code(&r.json().await.unwrap())),
+        (404, "unknown_sku")
+    );
+    let r = map(&app, "smap/seats", &token_for("m1", "gen"), None).await;
+    assert_eq!(r.status(), 401);
+    let r = app.get("/v1/skus/smap/seats").await;
+    assert_eq!(r.status(), 401);
+}
+
+/// 20,000 reads of a seated SKU's map, 40 readers at once, cost Redis less than one read per
+/// hundred (the copies are counted by `dropgate_seat_map_reads_total`; other tests of this
+/// process read maps too, which only makes the count larger).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_thousand_map_reads_cost_redis_under_a_hundredth_of_a_read_each() {
+    let app = spawn_app().await;
+    declare_seated(
+        &app,
+        "crowd",
+        json!({"sections": [{"name": "A", "rows": 20, "count": 50}]}),
+    )
+    .await;
+    let before = seat_map_reads(&app).await;
+    let started = Instant::now();
+    const READERS: usize = 40;
+    const EACH: usize = 500;
+    let answers = all_at_once(READERS, |i| {
+        let (http, base) = (app.http.clone(), app.base.clone());
+        async move {
+            let bearer = token(&format!("r{i}"));
+            let mut ok = 0;
+            for _ in 0..EACH {
+                let r = http
+                    .get(format!("{base}/v1/skus/crowd/seats"))
+                    .bearer_auth(&bearer)
+                    .send()
+                    .await
+                    .unwrap();
+                ok += usize::from(r.status() == 200);
+            }
+            ok
+        }
+    })
+    .await;
+    let took = started.elapsed();
+    let reads = seat_map_reads(&app).await - before;
+    let served: usize = answers.iter().sum();
+    assert_eq!(served, READERS * EACH);
+    eprintln!("{served} map reads in {took:?}: {reads} Redis reads");
+    assert!(
+        (reads as f64) < served as f64 * 0.01,
+        "{reads} Redis reads for {served} map reads"
+    );
+}
