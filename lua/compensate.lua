@@ -4,6 +4,7 @@
 -- KEYS[9]  the claim's marker <prefix>:{<sku>}:comp:<claim_id>: the fencing reprocessor's
 --          token, then "compensated" (units given back here) or "ended" (a hold that had ended)
 -- KEYS[10] the SKU's idempotency records (hash)                   <prefix>:{<sku>}:idem
+-- KEYS[11] the seat map of a seated SKU (lua/claim_seats.lua)      <prefix>:{<sku>}:seats
 -- ARGV[1]  mode: "fence" (before an attempt) or "give" (after the last attempt failed)
 -- ARGV[2]  the reprocessor's owner token
 -- ARGV[3]  user id
@@ -13,6 +14,7 @@
 -- ARGV[7]  floor ("give" only): the ledger's mark and incarnation (see lib/fresh.lua)
 -- ARGV[8]  the claim's idempotency record's field in KEYS[10] (src/keys.rs
 --          `idempotency_field`), "" or absent when the claim had no key
+-- ARGV[9]  the claim's seats' bits in KEYS[11], comma-separated ("" or absent: no seats)
 --
 -- Returns
 --   fence: 1 when the marker now names this owner, 0 when the claim is already compensated.
@@ -29,7 +31,8 @@
 -- Publishes KEYS[1] on <prefix>:units-back when it raises the stock (give_back in
 -- lib/lifecycle.lua; src/soldout/).
 --
--- Keeps I1 and I4 (docs/invariants.md).
+-- Keeps I1 and I4 (docs/invariants.md): a seated claim's seats are freed in the same step as
+-- its units (stock always equals the map's free seats), and only then.
 -- Invariant: a claim's units come back at most once, and only by the reprocessor that fenced
 -- it last, so a stale lease holder can neither give back twice nor give back a claim that a
 -- newer owner is writing. A hold's units come back once whichever ends it: its expiry, a
@@ -70,6 +73,10 @@ else
     redis.call('HDEL', users, user)
   end
   seq = give_back(units, now, bump(seq))
+  -- Seated SKUs have no holds (refused at declare): their units come back only here.
+  for bit in string.gmatch(ARGV[9] or '', '%d+') do
+    redis.call('SETBIT', KEYS[11], tonumber(bit), 0)
+  end
 end
 redis.call('HSET', state, 'seq', seq)
 local field = ARGV[8] or ''

@@ -50,6 +50,7 @@ struct WonRow {
     held: bool,
     created_at: DateTime<Utc>,
     settled: bool,
+    seats: Option<Vec<String>>,
 }
 
 impl From<WonRow> for Won {
@@ -78,6 +79,7 @@ impl From<WonRow> for Won {
                 status,
                 occurred_at: r.created_at,
                 created_at: r.created_at,
+                seats: r.seats,
             },
         }
     }
@@ -97,7 +99,7 @@ pub async fn take(db: &PgPool, limit: i64) -> Result<Vec<Won>, DbError> {
                                    FROM outbox_cursor WHERE id = 1)
          SELECT i.won_xid::text::int8 AS xid, i.claim_id, i.sku, i.user_id, i.quantity, i.offer,
                 i.expires_at IS NOT NULL AS held, i.created_at,
-                i.won_xid < (SELECT xmin FROM c) AS settled
+                i.won_xid < (SELECT xmin FROM c) AS settled, i.seats
            FROM issuances i
           WHERE i.won_xid IS NOT NULL
             AND (i.won_xid, i.claim_id) > ((SELECT won_xid FROM c), (SELECT claim_id FROM c))

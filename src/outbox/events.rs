@@ -90,6 +90,8 @@ pub struct OutboxRow {
     pub occurred_at: DateTime<Utc>,
     /// When the row was written (the relay's lag is measured from it).
     pub created_at: DateTime<Utc>,
+    /// A seated claim's seats (API.md: its events carry them); `None` otherwise.
+    pub seats: Option<Vec<String>>,
 }
 
 /// The JSON body of an event (field names after CloudEvents' `id`, `type`, `time`).
@@ -107,6 +109,8 @@ pub struct EventBody<'a> {
     pub seq: i32,
     /// RFC 3339, UTC, milliseconds.
     pub time: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seats: Option<&'a [String]>,
 }
 
 impl OutboxRow {
@@ -128,6 +132,7 @@ impl OutboxRow {
             time: self
                 .occurred_at
                 .to_rfc3339_opts(SecondsFormat::Millis, true),
+            seats: self.seats.as_deref(),
         }
     }
 
@@ -171,6 +176,7 @@ mod tests {
             status: ClaimStatus::Issued,
             occurred_at: DateTime::from_timestamp_millis(1_700_000_000_123).unwrap(),
             created_at: DateTime::from_timestamp_millis(1_700_000_000_200).unwrap(),
+            seats: None,
         }
     }
 

@@ -113,7 +113,12 @@ pub async fn take(db: &PgPool, limit: i64, after: i64) -> Result<Vec<OutboxRow>,
     Ok(sqlx::query_as(
         "WITH k AS MATERIALIZED (SELECT won_xid, claim_id FROM outbox_cursor WHERE id = 1)
          SELECT o.id, o.claim_id, o.seq, o.event, o.sku, o.user_id, o.quantity, o.status,
-                o.occurred_at, o.created_at
+                o.occurred_at, o.created_at,
+                -- A seated claim's seats: its ledger row's (or its parked row's, for a
+                -- compensation PostgreSQL refused to record), one lookup by key per event.
+                COALESCE((SELECT i.seats FROM issuances i WHERE i.claim_id = o.claim_id),
+                         (SELECT p.seats FROM persistence_pending p
+                           WHERE p.claim_id = o.claim_id)) AS seats
            FROM outbox o
           WHERE o.id = ANY(ARRAY(
                 SELECT c.id FROM outbox c

@@ -52,6 +52,9 @@ pub(crate) struct PendingRow {
     expires_at: Option<chrono::DateTime<chrono::Utc>>,
     /// A waitlist offer (its creation event is `waitlist.offered`).
     offer: bool,
+    /// A seated claim's seat ids (`None` on a SKU sold by count): written with the row, freed
+    /// with its units.
+    seats: Option<Vec<String>>,
 }
 
 pub struct Reprocessor {
@@ -105,7 +108,7 @@ impl Reprocessor {
                      FOR UPDATE SKIP LOCKED)
               RETURNING p.claim_id, p.sku, p.user_id, p.quantity, p.idempotency_key,
                         p.remaining_after, p.created_at, p.attempts, p.seq, p.expires_at,
-                        p.offer",
+                        p.offer, p.seats",
         )
         .bind(self.owner)
         .bind(LEASE_SECS)
@@ -264,7 +267,7 @@ impl Reprocessor {
         let call = self.store.bounded(fence_parked(
             &mut con,
             &keys,
-            parked(row),
+            parked(row, &[]),
             &self.owner,
             MARKER_TTL_SECS,
             floor,
@@ -276,6 +279,7 @@ impl Reprocessor {
     /// owner that fenced it last.
     async fn give(&self, row: &PendingRow) -> Result<GiveBack, StoreError> {
         let (name, keys) = self.home(row).await?;
+        let bits = self.seat_bits(row).await?;
         let floor = self.store.floor(&name);
         let mut con = self.store.hot();
         // A compensation gives units back, maybe as an offer to the waitlist's head: a journal
@@ -283,13 +287,40 @@ impl Reprocessor {
         let call = self.store.bounded(give_back_parked(
             &mut con,
             &keys,
-            parked(row),
+            parked(row, &bits),
             &self.owner,
             MARKER_TTL_SECS,
             floor,
         ));
         // The mark names the shard the units go back to, whose journal and holds they are.
         crate::activity::with_mark(&self.store, &name, call).await
+    }
+
+    /// A seated claim's seats as bits of its SKU's map (the plan read from the catalog row:
+    /// a compensation is rare), empty for a claim without seats.
+    async fn seat_bits(&self, row: &PendingRow) -> Result<Vec<u32>, StoreError> {
+        let Some(seats) = row.seats.as_ref().filter(|s| !s.is_empty()) else {
+            return Ok(Vec::new());
+        };
+        let unavailable = |e: String| StoreError::Unavailable(format!("seat plan: {e}"));
+        let plan: Option<String> = sqlx::query_scalar("SELECT seats FROM skus WHERE sku = $1")
+            .bind(&row.sku)
+            .fetch_one(&self.db)
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
+        let plan = plan
+            .as_deref()
+            .map(serde_json::from_str::<serde_json::Value>)
+            .transpose()
+            .map_err(|e| unavailable(e.to_string()))?
+            .map(|v| crate::seating::SeatPlan::parse(&v))
+            .transpose()
+            .map_err(|e| unavailable(e.to_string()))?
+            .ok_or_else(|| unavailable("a claim with seats on a SKU without a plan".into()))?;
+        seats
+            .iter()
+            .map(|s| plan.bit_of(s).map_err(|e| unavailable(e.to_string())))
+            .collect()
     }
 
     /// The Redis name of the claim's shard and its keys: its units and its buyer's count are
@@ -307,11 +338,12 @@ impl Reprocessor {
 }
 
 /// A parked row as compensate.lua takes it.
-fn parked(row: &PendingRow) -> Parked<'_> {
+fn parked<'a>(row: &'a PendingRow, seat_bits: &'a [u32]) -> Parked<'a> {
     Parked {
         claim_id: row.claim_id,
         user: &row.user_id,
         quantity: row.quantity,
         idempotency_key: row.idempotency_key.as_deref(),
+        seat_bits,
     }
 }

@@ -120,8 +120,8 @@ pub enum Decision {
 
 const INSERT: &str = "INSERT INTO issuances
        (claim_id, sku, user_id, quantity, idempotency_key, remaining_after, created_at, status,
-        seq, expires_at, offer)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (claim_id) DO NOTHING";
+        seq, expires_at, offer, seats)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ON CONFLICT (claim_id) DO NOTHING";
 
 /// Writes the row as `status` (a hold keeps its expiry). Its `won_xid` stays NULL: a parked
 /// claim's events, its creation included, are `outbox` rows of this transaction, which the
@@ -143,6 +143,7 @@ async fn insert(
         .bind(row.seq)
         .bind(row.expires_at)
         .bind(row.offer)
+        .bind(&row.seats)
         .execute(tx)
         .await?
         .rows_affected())

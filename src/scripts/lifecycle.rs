@@ -232,6 +232,9 @@ pub struct Parked<'a> {
     pub user: &'a str,
     pub quantity: i32,
     pub idempotency_key: Option<&'a str>,
+    /// A seated claim's seats, as bits of the SKU's seat map (empty otherwise): a give-back
+    /// frees exactly them.
+    pub seat_bits: &'a [u32],
 }
 
 impl Parked<'_> {
@@ -273,6 +276,7 @@ fn compensate_call<'a>(
     }
     inv.key(keys.compensation(&claim.claim_id))
         .key(keys.idempotency())
+        .key(keys.seats())
         .arg(mode)
         .arg(owner.to_string())
         .arg(claim.user)
@@ -280,7 +284,15 @@ fn compensate_call<'a>(
         .arg(claim.claim_id.to_string())
         .arg(marker_ttl_secs)
         .arg(floor)
-        .arg(claim.idempotency_field());
+        .arg(claim.idempotency_field())
+        .arg(
+            claim
+                .seat_bits
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+        );
     inv
 }
 

@@ -131,11 +131,11 @@ async fn park(db: &PgPool, w: &Winner, reason: &str, first_retry: Duration) -> R
     sqlx::query(
         "INSERT INTO persistence_pending
            (claim_id, sku, user_id, quantity, idempotency_key, remaining_after, created_at,
-            failure_reason, next_attempt_at, seq, claim_status, expires_at, offer)
+            failure_reason, next_attempt_at, seq, claim_status, expires_at, offer, seats)
          VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7::double precision / 1000), $8,
                  now() + make_interval(secs => $9::double precision / 1000), $10,
                  CASE WHEN $11::int8 IS NULL THEN 'issued' ELSE 'held' END,
-                 to_timestamp($11::double precision / 1000), $12)
+                 to_timestamp($11::double precision / 1000), $12, string_to_array($13, ','))
          ON CONFLICT (claim_id) DO NOTHING",
     )
     .bind(w.claim_id)
@@ -150,6 +150,9 @@ async fn park(db: &PgPool, w: &Winner, reason: &str, first_retry: Duration) -> R
     .bind(w.seq)
     .bind(w.expires_ms)
     .bind(w.offer)
+    // A seated claim's seats: a restore keeps them taken while the row is parked
+    // (src/restore/seats.rs), the reprocessor writes or frees exactly them.
+    .bind(w.seats.as_deref())
     .execute(db)
     .await?;
     Ok(())
