@@ -97,6 +97,9 @@ pub struct Buyer {
     pub sku: Option<String>,
     /// The waiting-room ticket that admitted the buyer (the token's `tid`).
     pub ticket: Option<String>,
+    /// A visitor token (`queue` in its scope): it acts only on its own entries and offers of
+    /// SKUs with a waiting room (a sold-out visitor's way to the waitlist), never buys.
+    pub visitor: bool,
 }
 
 impl Buyer {
@@ -188,6 +191,24 @@ impl Verifier {
         }
     }
 
+    /// Verifies a visitor token for a route that names an entry or a claim: the visitor and
+    /// the SKU the token is limited to (the caller checks it as for a buyer's).
+    ///
+    /// # Errors
+    /// As [`Verifier::visitor`].
+    pub fn visitor_caller(&self, header: Option<&str>) -> Result<Buyer, AuthError> {
+        let v = self.verify(header)?;
+        if !is_visitor_scope(v.scope.as_deref()) {
+            return Err(AuthError::NotVisitor);
+        }
+        Ok(Buyer {
+            user: v.sub,
+            sku: v.sku,
+            ticket: None,
+            visitor: true,
+        })
+    }
+
     /// Verifies any token the gateway accepts, an admission token or a visitor's, for a read
     /// about `sku` that both may make (the seat map): its `sub`. A token scoped to another SKU
     /// is refused.
@@ -218,6 +239,7 @@ impl Verifier {
             user: claims.sub,
             sku: claims.sku,
             ticket: claims.tid,
+            visitor: false,
         })
     }
 

@@ -51,9 +51,10 @@ pub enum EventsCommand {
 
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
-    /// Buyers released together, each claiming one unit
-    #[arg(long, default_value_t = 3000)]
-    pub buyers: usize,
+    /// Buyers released together, each claiming one unit (with --seats: groups of 1-6 seats);
+    /// 3000 by default, 20000 with --seats
+    #[arg(long = "buyers")]
+    pub buyers_asked: Option<usize>,
     /// Units in stock
     #[arg(long, default_value_t = 500)]
     pub units: i64,
@@ -74,8 +75,25 @@ pub struct DemoArgs {
     /// sold out
     #[arg(long)]
     pub queue: bool,
+    /// Sell a 5,000-seat arena (5 sections of 25 rows of 40) to groups of 1-6: most ask for
+    /// the best available seats, some pick their own; the summary counts seats sold twice (0),
+    /// the single seats left stranded beside what a naive first-fit leaves on the same buyers,
+    /// and the ledger's balance, and the final map is written as an SVG (--map)
+    #[arg(long, conflicts_with_all = ["queue", "hold_seconds"])]
+    pub seats: bool,
+    /// With --seats: where the final seat map is written (SVG)
+    #[arg(long, default_value = "dropgate-arena.svg")]
+    pub map: std::path::PathBuf,
     #[command(flatten)]
     pub stores: StoreArgs,
+}
+
+impl DemoArgs {
+    /// The buyers of this drop: `--buyers`, else 3000 (20000 in the arena).
+    pub fn buyers(&self) -> usize {
+        self.buyers_asked
+            .unwrap_or(if self.seats { 20_000 } else { 3000 })
+    }
 }
 
 pub use token::TokenArgs;

@@ -21,9 +21,22 @@ pub(super) struct Bought {
     pub first_took: Duration,
     /// The first answer's status and code when it was tried again.
     pub retried: Option<String>,
+    /// The final answer's body.
+    pub body: serde_json::Value,
 }
 
 pub(super) async fn buy(http: &reqwest::Client, url: &str, token: &str, key: &str) -> Bought {
+    buy_with(http, url, token, key, &serde_json::json!({"quantity": 1})).await
+}
+
+/// As [`buy`], with the claim's body.
+pub(super) async fn buy_with(
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+    key: &str,
+    claim: &serde_json::Value,
+) -> Bought {
     let mut first: Option<(Duration, String)> = None;
     let mut tries = 0;
     loop {
@@ -33,7 +46,7 @@ pub(super) async fn buy(http: &reqwest::Client, url: &str, token: &str, key: &st
             .post(url)
             .header("authorization", format!("Bearer {token}"))
             .header("idempotency-key", key)
-            .json(&serde_json::json!({"quantity": 1}))
+            .json(claim)
             .send()
             .await;
         let took = t.elapsed();
@@ -66,6 +79,7 @@ pub(super) async fn buy(http: &reqwest::Client, url: &str, token: &str, key: &st
             claim_id: body["claim_id"].as_str().map(str::to_string),
             first_took,
             retried: (tries > 1).then_some(first_answer),
+            body,
         };
     }
 }

@@ -15,6 +15,7 @@ use crate::sku::SkuId;
 mod buyer;
 mod checkout;
 mod queue;
+mod seats;
 
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     // A gateway of its own: the stores given, every other setting at its default, and a
@@ -35,11 +36,23 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let server = tokio::spawn(app.run_until_stopped(shutdown.clone()));
 
     let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(args.buyers)
+        .pool_max_idle_per_host(args.buyers())
         .build()?;
     let name = format!("demo-{}", chrono::Utc::now().format("%Y%m%d-%H%M%S-%3f"));
     let sku = SkuId::parse(&name).context("the demo's SKU id")?;
     let admin_auth = format!("Bearer {}", admin.expose());
+    if args.seats {
+        let arena = seats::Arena {
+            http: &http,
+            base: &base,
+            admin_auth: &admin_auth,
+            secret: &secret,
+        };
+        let done = arena.run(&args, sku).await;
+        shutdown.cancel();
+        let _ = server.await;
+        return done;
+    }
     if args.queue {
         let room = queue::Room {
             http: &http,
@@ -64,14 +77,15 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     anyhow::ensure!(resp.status() == 201, "declaring {sku}: {}", resp.status());
     println!(
         "declared {sku}: {} units, {} buyers released together",
-        args.units, args.buyers
+        args.units,
+        args.buyers()
     );
 
-    let barrier = Arc::new(Barrier::new(args.buyers));
+    let barrier = Arc::new(Barrier::new(args.buyers()));
     let started = Instant::now();
-    let mut tasks = Vec::with_capacity(args.buyers);
+    let mut tasks = Vec::with_capacity(args.buyers());
     let mut tokens = std::collections::HashMap::new();
-    for i in 0..args.buyers {
+    for i in 0..args.buyers() {
         let token = crate::auth::mint(&secret, &format!("buyer-{i}"), Some(sku.as_str()), 600)?;
         tokens.insert(format!("buyer-{i}"), token.clone());
         let (http, barrier, url) = (
@@ -163,11 +177,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         pct(0.50),
         pct(0.99),
         latencies.max() as f64 / 1e3,
-        args.buyers,
+        args.buyers(),
         wall.as_secs_f64() * 1e3
     );
     println!("{}", ledger_line(&view));
-    let expected_won = args.units.min(args.buyers as i64);
+    let expected_won = args.units.min(args.buyers() as i64);
     if args.hold_seconds > 0 {
         println!(
             "units:      {} confirmed, {} held, {} back in stock, {} offered, {} waiting (of {})",

@@ -22,7 +22,7 @@ pub(super) struct Room<'a> {
 impl Room<'_> {
     pub async fn run(&self, args: &DemoArgs, sku: &SkuId) -> anyhow::Result<()> {
         let (base, http) = (self.base, self.http);
-        let rate = (args.buyers / 5).max(20);
+        let rate = (args.buyers() / 5).max(20);
         let opens = chrono::Utc::now() + chrono::Duration::seconds(3);
         let r = http
             .put(format!("{base}/admin/skus/{sku}"))
@@ -48,8 +48,8 @@ impl Room<'_> {
         let plain = crate::auth::mint(self.secret, "gatecrasher", Some(sku.as_str()), 60)?;
         let r = self.claim(sku, &plain).await?;
         println!("a token the queue did not mint: {} {}", r.0, r.1["code"]);
-        let mut tickets = Vec::with_capacity(args.buyers);
-        for i in 0..args.buyers {
+        let mut tickets = Vec::with_capacity(args.buyers());
+        for i in 0..args.buyers() {
             let v = crate::auth::mint_visitor(self.secret, &format!("visitor-{i}"), 600)?;
             let r = http
                 .post(format!("{base}/v1/skus/{sku}/queue"))

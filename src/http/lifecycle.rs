@@ -27,30 +27,31 @@ pub(super) fn caller(state: &AppState, req: &Request<Incoming>) -> Result<Option
     }
     match state.verifier.identify(auth) {
         Ok(b) => Ok(Some(b)),
-        Err(AuthError::VisitorToken) => {
-            let user = state
-                .verifier
-                .visitor(auth, None)
-                .map_err(ApiError::Unauthorized)?;
-            Ok(Some(Buyer {
-                user,
-                sku: None,
-                ticket: None,
-            }))
-        }
+        Err(AuthError::VisitorToken) => state
+            .verifier
+            .visitor_caller(auth)
+            .map(Some)
+            .map_err(ApiError::Unauthorized),
         Err(e) => Err(ApiError::Unauthorized(e)),
     }
 }
 
 /// Whether a token limited to a SKU may act on the claim or entry `id`: its id carries its
 /// SKU's tag ([`crate::ids`]), so the check comes before anything is read or changed. The
-/// admin's and an unscoped token's: always.
-async fn in_scope(state: &AppState, caller: Option<&Buyer>, id: &Uuid) -> Result<bool> {
-    let Some(scope) = caller.and_then(|b| b.sku.as_deref()) else {
+/// admin's and an unscoped buyer's token: always. A visitor token acts only on a SKU with a
+/// waiting room (its sold-out visitors' entries and offers): elsewhere 401, as on every
+/// buyer route.
+pub(super) async fn in_scope(state: &AppState, caller: Option<&Buyer>, id: &Uuid) -> Result<bool> {
+    let Some(b) = caller.filter(|b| b.sku.is_some() || b.visitor) else {
         return Ok(true);
     };
-    let sku = crate::lifecycle::sku_of(&state.catalog, id).await?;
-    Ok(sku.is_some_and(|s| s.sku == scope))
+    let Some(sku) = crate::lifecycle::sku_of(&state.catalog, id).await? else {
+        return Ok(false);
+    };
+    if b.visitor && sku.queue.0.is_none() {
+        return Err(ApiError::Unauthorized(AuthError::VisitorToken));
+    }
+    Ok(b.may_act_on(&sku.sku))
 }
 
 pub(super) async fn decide_hold(
@@ -110,15 +111,6 @@ fn refusal(status: ClaimStatus) -> ApiError {
     }
 }
 
-/// Whether the request carries a visitor token (`scope` "queue") good for `sku` (one carrying
-/// another SKU's `sku` is not).
-fn is_visitor(state: &AppState, req: &Request<Incoming>, sku: &str) -> bool {
-    state
-        .verifier
-        .visitor(header(req, AUTHORIZATION.as_str()), Some(sku))
-        .is_ok()
-}
-
 #[derive(Serialize)]
 struct JoinResponse {
     entry_id: Uuid,
@@ -149,15 +141,12 @@ pub(super) async fn join_waitlist(
     // a queued SKU it is a way to a unit like the claim route, and takes the same tokens.
     // A visitor token (no `tid`) is taken from a visitor with a ticket on this SKU: the one
     // the line told `sold_out` (the waitlist script refuses anyone while units remain).
-    if entry.queue.0.is_some() {
-        if buyer.ticket.is_none()
-            && buyer.sku.is_none()
-            && is_visitor(state, req, entry.sku.as_str())
-        {
-            super::queue::has_ticket(state, &entry, &buyer.user).await?;
-        } else {
-            super::queue::admitted_here(state, &entry, &buyer)?;
-        }
+    match (entry.queue.0.is_some(), buyer.visitor) {
+        (true, true) => super::queue::has_ticket(state, &entry, &buyer.user).await?,
+        (true, false) => super::queue::admitted_here(state, &entry, &buyer)?,
+        // A visitor token buys nothing where no waiting room sent its visitor.
+        (false, true) => return Err(ApiError::Unauthorized(AuthError::VisitorToken)),
+        (false, false) => {}
     }
     let user = buyer.user;
     let (status, entry_id, position) = match waitlist::join(&state.store, &entry, &user).await? {

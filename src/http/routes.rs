@@ -218,6 +218,9 @@ pub(super) async fn get_claim(
             .is_none_or(|b| b.user == owner && b.may_act_on(sku))
     };
     let id = Uuid::parse_str(id).map_err(|_| ApiError::UnknownClaim)?;
+    if !super::lifecycle::in_scope(state, caller.as_ref(), &id).await? {
+        return Err(ApiError::UnknownClaim);
+    }
     // A claim this gateway still settles stays unknown here, whatever Redis's record says: a
     // win there that no replica acknowledged yet could still be taken back by a failover.
     if let Some(c) = state.claims.settler().lookup(&id) {

@@ -345,3 +345,42 @@ async fn demo_on_a_terminal_shows_warnings_only_unless_rust_log_asks() {
         "{loud}"
     );
 }
+
+/// `demo --seats`: an arena sold to groups over real HTTP; the summary says no seat was sold
+/// twice, the crowd's map shows exactly the seats sold, the ledger balances, and the map is
+/// drawn (docs/seats.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_seats_sells_an_arena_to_groups_with_no_seat_twice_and_draws_the_map() {
+    let iso = Isolation::new();
+    let svg = std::env::temp_dir().join(format!("{}-hall.svg", iso.prefix));
+    let out = dropgate()
+        .args(["demo", "--seats", "--buyers", "2200", "--map"])
+        .arg(&svg)
+        .env("DATABASE_URL", &iso.database_url)
+        .env("DROPGATE_KEY_PREFIX", &iso.prefix)
+        .env("DROPGATE_ADMISSION_SECRET", "short")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    for prefix in [
+        "won:",
+        "not seated:",
+        "sold twice: 0 seats",
+        "stranded:",
+        "map:",
+    ] {
+        assert!(
+            lines.iter().any(|l| l.starts_with(prefix)),
+            "{prefix}: {stdout}"
+        );
+    }
+    assert!(stdout.contains("-> consistent"), "{stdout}");
+    let drawn = std::fs::read_to_string(&svg).unwrap();
+    assert!(drawn.starts_with("<svg") && drawn.matches("<rect").count() == 5000);
+    let _ = std::fs::remove_file(&svg);
+}

@@ -300,3 +300,83 @@ async fn what_the_gateway_signs_carries_the_first_secret_and_its_kid() {
     assert_eq!(s, 201, "{b}");
     assert_eq!(app.held("rotq-1", "vi").await, 1);
 }
+
+/// A visitor token buys nothing where no waiting room sent its visitor, and its `sku` binds it
+/// on every route (found from outside: a visitor token, scoped to another SKU or not, joined
+/// a plain SKU's waitlist and confirmed the offer it got; scoped to SKU A, it read and
+/// confirmed its user's claim on SKU B). Now: 401 on a plain SKU's waitlist and on its claims,
+/// 404 (as a stranger) on another SKU's; nothing changed in Redis or PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_visitor_token_buys_nothing_outside_a_waiting_room_and_its_sku_binds_it_everywhere() {
+    let app = spawn_app().await;
+    app.declare("plain", 1, 1).await;
+    let visitor_of = |sku: Option<&str>| {
+        let mut c = json!({"sub": "vv", "exp": now() + 600, "scope": "queue"});
+        if let Some(s) = sku {
+            c["sku"] = json!(s);
+        }
+        hs256(&c, SECRET, None)
+    };
+    let won = app.claim("plain", "vv", 1, None).await;
+    assert_eq!(won.status(), 201);
+    let id = won.json::<Value>().await.unwrap()["claim_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for bearer in [
+        visitor_of(None),
+        visitor_of(Some("elsewhere")),
+        visitor_of(Some("plain")),
+    ] {
+        let r = app
+            .http
+            .post(format!("{}/v1/skus/plain/waitlist", app.base))
+            .bearer_auth(&bearer)
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        assert!(
+            status == 401 || status == 404,
+            "a visitor joined a plain waitlist: {status}"
+        );
+        let r = app
+            .http
+            .get(format!("{}/v1/claims/{id}", app.base))
+            .bearer_auth(&bearer)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        assert!(
+            status == 401 || status == 404,
+            "a visitor read a plain claim: {status}"
+        );
+        let r = app
+            .http
+            .post(format!("{}/v1/claims/{id}/cancel", app.base))
+            .bearer_auth(&bearer)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        assert!(
+            status == 401 || status == 404,
+            "a visitor cancelled a plain claim: {status}"
+        );
+    }
+    let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM waitlist")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(waiting, 0);
+    let status: String =
+        sqlx::query_scalar("SELECT status FROM issuances WHERE claim_id = $1::uuid")
+            .bind(&id)
+            .fetch_one(&app.db)
+            .await
+            .unwrap_or_else(|_| "unwritten".into());
+    assert_ne!(status, "cancelled");
+    assert_eq!(app.probe.stock("plain").await, Some(0));
+}
