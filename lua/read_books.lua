@@ -6,12 +6,14 @@
 -- KEYS[1]     the state hash <prefix>:{<sku>}:state
 -- KEYS[2]     the journal <prefix>:{<sku>}:journal
 -- KEYS[3]     the transfers out <prefix>:{<sku>}:xfer:out
--- KEYS[4..]   restock markers <prefix>:{<sku>}:restock:<op_id> (restock.lua), then
+-- KEYS[4]     the seat map <prefix>:{<sku>}:seats (claim_seats.lua; absent on a SKU sold by
+--             count)
+-- KEYS[5..]   restock markers <prefix>:{<sku>}:restock:<op_id> (restock.lua), then
 --             compensation markers <prefix>:{<sku>}:comp:<claim_id> (compensate.lua), any number
 -- ARGV[1]     consumer group ("writers")
 -- ARGV[2]     the most journal entries returned
 --
--- Returns {head, entries, more, transfers, markers}:
+-- Returns {head, entries, more, transfers, markers, map}:
 --   head      {stock, inflight, seq, stale, wl_pool, transfer_out, acks} (nil when absent;
 --             acks: journal entries acknowledged so far, ack_journal.lua)
 --   entries   {{id, {field, value, ...}}, ...}: every entry delivered to no writer yet or
@@ -19,6 +21,8 @@
 --   more      1 when more entries than ARGV[2] are unacknowledged (the list is cut), else 0
 --   transfers the transfers hash as HGETALL returns it
 --   markers   each marker's value, in KEYS order (nil when absent)
+--   map       the seat map's bytes (nil when absent), the same instant's as the stock: the
+--             view's seat counts agree with its `remaining`
 --
 -- Invariant: reads only. One script, so the stock, `inflight`, the entries it counts and the
 -- restocks applied are one instant's (src/books.rs fences PostgreSQL's reading between two
@@ -64,7 +68,8 @@ if redis.call('EXISTS', journal) == 1 then
   end
 end
 local markers = {}
-for i = 4, #KEYS do
+for i = 5, #KEYS do
   markers[#markers + 1] = redis.call('GET', KEYS[i])
 end
-return { head, entries, more, redis.call('HGETALL', KEYS[3]), markers }
+return { head, entries, more, redis.call('HGETALL', KEYS[3]), markers,
+  redis.call('GET', KEYS[4]) }

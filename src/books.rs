@@ -53,6 +53,8 @@ pub struct Reading {
     pub sums: LedgerSums,
     /// Redis did not move while PostgreSQL was read: the two sides are one instant's.
     pub fenced: bool,
+    /// A seated SKU's seat map, read in the same instant as `remaining` (`None` otherwise).
+    pub seat_map: Option<Vec<u8>>,
 }
 
 /// Reads the books of `sku` once: Redis, PostgreSQL's snapshot, Redis again.
@@ -171,6 +173,7 @@ pub async fn read_between<A: Future<Output = ()>, B: Future<Output = ()>>(
             shards: None,
             sums: ledger.sums,
             fenced,
+            seat_map: sides[0].seat_map.clone(),
         });
     }
     let Some(states) = shard_states(&sides, &backlogs) else {
@@ -194,6 +197,7 @@ pub async fn read_between<A: Future<Output = ()>, B: Future<Output = ()>>(
         shards: Some(side.shards),
         sums: ledger.sums,
         fenced,
+        seat_map: None,
     })
 }
 
@@ -228,6 +232,7 @@ fn unknown(total: i64, sums: LedgerSums) -> Reading {
         shards: None,
         sums,
         fenced: false,
+        seat_map: None,
     }
 }
 
@@ -305,6 +310,7 @@ mod tests {
             transfers: Vec::new(),
             markers: markers.into_iter().map(|m| m.map(String::from)).collect(),
             compensations: Vec::new(),
+            seat_map: None,
         }]
     }
 

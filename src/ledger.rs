@@ -257,7 +257,12 @@ async fn read_view(
             in_transit: r.in_transit,
             shards: r.shards,
             queue: queue_part(store, &row).await,
-            seats: crate::seatmaps::counts_now(store, &row).await,
+            // Read in the same script as the stock: `free` is `remaining` (read_books.lua).
+            seats: row
+                .plan
+                .as_ref()
+                .filter(|_| r.remaining.is_some())
+                .map(|plan| crate::seatmaps::counts(r.seat_map.as_deref().unwrap_or(&[]), plan)),
             reading: ReadingNote {
                 fenced: r.fenced,
                 attempts: attempt as u32,

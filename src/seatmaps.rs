@@ -47,10 +47,7 @@ pub struct SeatCounts {
 impl Copy {
     /// Whether seat `bit` is sold or held.
     pub fn taken_at(&self, bit: u32) -> bool {
-        let byte = (bit / 8) as usize;
-        self.bits
-            .get(byte)
-            .is_some_and(|b| b & (0x80 >> (bit % 8)) != 0)
+        taken_at(&self.bits, bit)
     }
 
     /// A row as the route shows it: `.` free, `x` sold or held.
@@ -59,31 +56,36 @@ impl Copy {
             .map(|b| if self.taken_at(b) { 'x' } else { '.' })
             .collect()
     }
+}
 
-    /// Counts over the whole plan; a stranded seat is free with neither neighbour in its row
-    /// free (a row's end counts as taken).
-    pub fn counts(&self, plan: &SeatPlan) -> SeatCounts {
-        let mut c = SeatCounts {
-            free: 0,
-            taken: 0,
-            single_gaps: 0,
-        };
-        for row in plan.rows_of(None) {
-            let free = |n: u32| n < row.count && !self.taken_at(row.offset + n);
-            for n in 0..row.count {
-                if !free(n) {
-                    c.taken += 1;
-                    continue;
-                }
-                c.free += 1;
-                let left = n > 0 && free(n - 1);
-                if !left && !free(n + 1) {
-                    c.single_gaps += 1;
-                }
+fn taken_at(bits: &[u8], bit: u32) -> bool {
+    bits.get((bit / 8) as usize)
+        .is_some_and(|b| b & (0x80 >> (bit % 8)) != 0)
+}
+
+/// A seat map's counts over the whole plan; a stranded seat is free with neither neighbour in
+/// its row free (a row's end counts as taken).
+pub fn counts(bits: &[u8], plan: &SeatPlan) -> SeatCounts {
+    let mut c = SeatCounts {
+        free: 0,
+        taken: 0,
+        single_gaps: 0,
+    };
+    for row in plan.rows_of(None) {
+        let free = |n: u32| n < row.count && !taken_at(bits, row.offset + n);
+        for n in 0..row.count {
+            if !free(n) {
+                c.taken += 1;
+                continue;
+            }
+            c.free += 1;
+            let left = n > 0 && free(n - 1);
+            if !left && !free(n + 1) {
+                c.single_gaps += 1;
             }
         }
-        c
     }
+    c
 }
 
 /// The copies of this gateway, by SKU.
@@ -136,16 +138,6 @@ impl SeatMaps {
 /// Names the plan a copy is read with: a re-declare that adds rows or sections changes it.
 pub fn plan_tag(tag: i32, plan: &SeatPlan) -> String {
     format!("{tag}.{}", plan.seats())
-}
-
-/// The SKU view's `seats` of a seated SKU, from a map read now (`None` for a SKU sold by count,
-/// or when Redis cannot tell).
-pub async fn counts_now(store: &Store, row: &crate::catalog::Sku) -> Option<SeatCounts> {
-    let plan = row.plan.as_ref()?;
-    let copy = read(store, row.sku.as_str(), &plan_tag(row.tag, plan))
-        .await
-        .ok()?;
-    Some(copy.counts(plan))
 }
 
 /// One read of the map, the state's health and Redis's clock, in one pipeline (the keys share

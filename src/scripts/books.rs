@@ -24,6 +24,8 @@ pub struct Side {
     pub markers: Vec<Option<String>>,
     /// Each compensation marker's value, in the order asked (`None` when absent).
     pub compensations: Vec<Option<String>>,
+    /// A seated SKU's seat map, read with the stock (`None` on a SKU sold by count).
+    pub seat_map: Option<Vec<u8>>,
 }
 
 /// The state's fields the view counts (`None` where absent).
@@ -66,7 +68,8 @@ pub async fn read_books<C: ConnectionLike>(
     let mut inv = SCRIPTS.read_books.prepare_invoke();
     inv.key(keys.state())
         .key(keys.journal())
-        .key(keys.transfers());
+        .key(keys.transfers())
+        .key(keys.seats());
     for op in restocks {
         inv.key(keys.restock_op(op));
     }
@@ -80,8 +83,9 @@ pub async fn read_books<C: ConnectionLike>(
         i64,
         Vec<(String, String)>,
         Vec<Option<String>>,
+        Option<Vec<u8>>,
     );
-    let (h, entries, more, transfers, mut markers): Reply = inv.invoke_async(con).await?;
+    let (h, entries, more, transfers, mut markers, seat_map): Reply = inv.invoke_async(con).await?;
     // The script answers every marker asked for in one list: the restocks' first.
     let compensations = markers.split_off(restocks.len().min(markers.len()));
     let entries = entries
@@ -108,6 +112,7 @@ pub async fn read_books<C: ConnectionLike>(
         more: more == 1,
         transfers,
         markers,
+        seat_map,
         compensations,
     })
 }
