@@ -93,8 +93,10 @@ end
 
 -- One ticket as its visitor sees it at `now`, with what the ETA needs:
 -- {state, position, admitted_ms, now, opens_ms, rate, recent, window_ms, waiting, expires_ms,
---  qseq} (qseq: the line's sequence now; a gateway answers a join, or an admission with its
---  token, only once PostgreSQL holds the line that far, src/queue/tickets.rs)
+--  qseq, unrecorded} (qseq: the line's sequence now; unrecorded: the sequence of the oldest
+--  entry still in the line's log, 0 when it is empty. A gateway answers a visitor only once
+--  PostgreSQL holds the line that far and every log entry up to qseq was copied and trimmed:
+--  a recorder trims only what it found consistent with the ledger, src/queue/tickets.rs)
 -- state: 'admitted' | 'expired' | 'prequeue' | 'waiting' | 'sold_out' | 'closed' (in line at
 -- or after closes_at: nobody is admitted any more) | 'none' (no such ticket); `recent` admissions happened in the last `window_ms` (the achieved rate).
 -- An admission's expiry is the one fixed when it was made (KEYS[8]): a later change of
@@ -138,6 +140,14 @@ local function q_report(ticket, user, now)
       end
     end
   end
+  local unrecorded = 0
+  local oldest = redis.call('XRANGE', KEYS[11], '-', '+', 'COUNT', 1)[1]
+  if oldest then
+    local f = oldest[2]
+    for i = 1, #f, 2 do
+      if f[i] == 'n' then unrecorded = tonumber(f[i + 1]) end
+    end
+  end
   return {state, position, adm, now, opens, rate, recent, window, waiting, exp,
-    q_num(KEYS[1], 'qseq')}
+    q_num(KEYS[1], 'qseq'), unrecorded}
 end

@@ -16,6 +16,7 @@ use crate::auth::Buyer;
 use crate::catalog::Sku;
 use crate::error::StoreError;
 use crate::queue::calls::{self, Joined, Report};
+use crate::queue::tickets::RECORD_WAIT;
 use crate::queue::{self as q, order};
 use crate::sku::SkuId;
 use crate::status::TicketState;
@@ -121,7 +122,7 @@ pub(super) async fn join(
         .map_err(read_error)?;
     match joined {
         Joined::Ticket { created, report } => {
-            unrecorded(state, sku.as_str(), &report).await?;
+            let report = recorded_report(state, sku.as_str(), &ticket, &visitor, report).await?;
             let status = if created {
                 StatusCode::CREATED
             } else {
@@ -188,25 +189,61 @@ pub(super) async fn get_ticket(
         ))
         .await
         .map_err(read_error)?;
-    if report.state == Some(TicketState::Admitted) && visitor.is_some() {
-        // The token goes out only with its admission in the ledger.
-        unrecorded(state, &entry.sku, &report).await?;
-    }
+    // The token goes out only with its admission in the ledger, and a place only with the
+    // admissions ahead of it: a Redis rollback then never moves a visitor back (found from
+    // outside: a place read 1 read 3 after a rollback undid two admissions the ledger did not
+    // hold yet), nor hands out a second token.
+    let report = match &visitor {
+        Some(v) => recorded_report(state, &entry.sku, &ticket, v, report).await?,
+        None => report,
+    };
     let Some(view) = ticket_view(state, &entry, &ticket, visitor.as_deref(), &report) else {
         return Err(ApiError::UnknownTicket);
     };
     Ok(json(StatusCode::OK, &view))
 }
 
-/// 503 unless PostgreSQL holds the line as far as `report` read it (a ticket answered is one
-/// no loss of Redis forgets): joining again finds the same ticket.
-async fn unrecorded(state: &AppState, sku: &str, report: &calls::Report) -> Result<()> {
-    if crate::queue::tickets::recorded(&state.store, sku, report.line_seq).await {
-        Ok(())
-    } else {
-        Err(ApiError::Unavailable(StoreError::Unavailable(
-            "the waiting room's line is not recorded yet; join or read again".into(),
-        )))
+/// The reading to answer a visitor with, once PostgreSQL holds the line as far as it read it
+/// (a ticket, a place or a token answered is one no loss of Redis forgets) and every log entry
+/// it rests on was trimmed: a recorder trims only entries it found consistent with the ledger,
+/// so a line Redis brought back older and then moved (whose new entries reuse sequences the
+/// ledger holds) is never answered from; its recorder closes it instead. 503 past
+/// [`RECORD_WAIT`]: joining or reading again finds the same ticket.
+async fn recorded_report(
+    state: &AppState,
+    sku: &str,
+    ticket: &Uuid,
+    visitor: &str,
+    mut report: calls::Report,
+) -> Result<calls::Report> {
+    let deadline = tokio::time::Instant::now() + RECORD_WAIT;
+    loop {
+        if !report.log_behind() && state.store.line_floor(sku) >= report.line_seq {
+            return Ok(report);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ApiError::Unavailable(StoreError::Unavailable(
+                "the waiting room's line is not recorded yet; join or read again".into(),
+            )));
+        }
+        state.store.line_wake().notify_one();
+        tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+        if report.log_behind() {
+            let keys = state.store.keys(sku);
+            let mut con = state.store.hot();
+            report = state
+                .store
+                .bounded(calls::read(
+                    &mut con,
+                    &keys,
+                    ticket,
+                    visitor,
+                    state.store.floor(sku),
+                    state.store.line_floor(sku),
+                ))
+                .await
+                .map_err(read_error)?;
+        }
     }
 }
 

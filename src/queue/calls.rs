@@ -33,6 +33,17 @@ pub struct Report {
     /// The line's sequence at this reading: everything the ticket's answer rests on is logged
     /// at or below it ([`super::tickets::recorded`]).
     pub line_seq: i64,
+    /// The sequence of the oldest entry still in the line's log (0: none): entries are trimmed
+    /// only once copied into PostgreSQL and found consistent with it, so the answer is
+    /// recorded when this is 0 or above `line_seq`.
+    pub unrecorded_from: i64,
+}
+
+impl Report {
+    /// Whether the line's log still holds an entry this reading rests on.
+    pub fn log_behind(&self) -> bool {
+        self.unrecorded_from > 0 && self.unrecorded_from <= self.line_seq
+    }
 }
 
 /// What a join answered.
@@ -105,6 +116,7 @@ fn report(items: &[Value]) -> Result<Report, StoreError> {
         waiting: i(8),
         expires_ms: i(9),
         line_seq: i(10),
+        unrecorded_from: i(11),
     })
 }
 

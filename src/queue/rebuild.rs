@@ -37,7 +37,12 @@ pub struct Rebuilt {
 /// Redis or database errors; the SKU's state is still out of Redis then, so the line stays
 /// closed until a restore finishes.
 pub async fn rebuild(store: &Store, db: &PgPool, sku: &str) -> Result<Rebuilt, InventoryError> {
-    super::tickets::flush(store, db, sku).await?;
+    match super::tickets::flush(store, db, sku).await {
+        // An older line that moved on contradicts the ledger: what it says is dropped (no
+        // visitor was answered from it), the ledger's line is written below.
+        Err(InventoryError::Store(crate::error::StoreError::Stale)) => {}
+        r => r?,
+    }
     let mark: i64 = sqlx::query_scalar("SELECT queue_seq FROM skus WHERE sku = $1")
         .bind(sku)
         .fetch_one(db)

@@ -88,11 +88,18 @@ impl Recorder {
         )
         .fetch_all(&self.db)
         .await?;
-        for (sku, mark) in rows {
-            self.store.raise_line_floor(&sku, mark);
-            flush(&self.store, &self.db, &sku).await?;
+        // Every floor first: a SKU whose log cannot be copied now (Redis away) must not keep
+        // another's floor behind the ledger (an older line would pass it meanwhile).
+        for (sku, mark) in &rows {
+            self.store.raise_line_floor(sku, *mark);
         }
-        Ok(())
+        let mut failed = None;
+        for (sku, _) in rows {
+            if let Err(e) = flush(&self.store, &self.db, &sku).await {
+                failed = Some(e);
+            }
+        }
+        failed.map_or(Ok(()), Err)
     }
 }
 
@@ -139,6 +146,8 @@ pub async fn load_marks(store: &Store, db: &PgPool) -> Result<usize, sqlx::Error
 ///
 /// # Errors
 /// The Redis or database error; what was not copied stays in the log.
+/// [`StoreError::Stale`] when the log contradicts the ledger ([`Recorded::Clash`]): the line
+/// was closed, nothing of the batch written.
 pub async fn flush(
     store: &Store,
     db: &PgPool,
@@ -150,7 +159,12 @@ pub async fn flush(
         if entries.is_empty() {
             return Ok(());
         }
-        record(db, sku, &entries).await?;
+        if let Recorded::Clash(why) = record(db, sku, &entries).await? {
+            // Nothing of it was written and nothing is trimmed: the line stays closed, and no
+            // visitor is answered from it, until a restore rebuilds it from the ledger.
+            crate::freshness::close_stale(store, sku, &why).await;
+            return Err(StoreError::Stale.into());
+        }
         if let Some(top) = entries.iter().map(|e| e.seq).max() {
             store.raise_line_floor(sku, top);
         }
@@ -254,10 +268,21 @@ fn bytes(v: &Value) -> Option<Vec<u8>> {
     raw(v).map(<[u8]>::to_vec)
 }
 
+/// What [`record`] did with a batch of the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recorded {
+    Written,
+    /// The log says what the ledger holds otherwise (a ticket joined at another place, or
+    /// admitted at another time): Redis holds an older line that moved on (a rollback within
+    /// the moment before a gateway learnt the mark). Nothing was written.
+    Clash(String),
+}
+
 /// Writes `entries` of `sku`'s log in one transaction: joins, then admissions (an admission's
 /// join is earlier in the same log, so in this batch or an earlier committed one), then the
-/// line's mark.
-async fn record(db: &PgPool, sku: &str, entries: &[Entry]) -> Result<(), sqlx::Error> {
+/// line's mark. Entries copied again (by another gateway, or after a crash before the trim)
+/// write nothing new; an entry that contradicts the ledger writes nothing at all.
+async fn record(db: &PgPool, sku: &str, entries: &[Entry]) -> Result<Recorded, sqlx::Error> {
     let (mut tickets, mut visitors, mut ords) = (Vec::new(), Vec::new(), Vec::new());
     let (mut admitted, mut ats, mut exps) = (Vec::new(), Vec::new(), Vec::new());
     for e in entries {
@@ -298,6 +323,21 @@ async fn record(db: &PgPool, sku: &str, entries: &[Entry]) -> Result<(), sqlx::E
         .bind(&ords)
         .execute(&mut *tx)
         .await?;
+        let moved: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM queue_tickets q
+               JOIN UNNEST($2::uuid[], $3::int8[]) AS j(ticket, ord) ON q.ticket = j.ticket
+              WHERE q.sku = $1 AND q.ord <> j.ord",
+        )
+        .bind(sku)
+        .bind(&tickets)
+        .bind(&ords)
+        .fetch_one(&mut *tx)
+        .await?;
+        if moved > 0 {
+            return Ok(Recorded::Clash(format!(
+                "line-clash: {moved} ticket(s) joined again at another place"
+            )));
+        }
     }
     if !admitted.is_empty() {
         sqlx::query(
@@ -311,11 +351,27 @@ async fn record(db: &PgPool, sku: &str, entries: &[Entry]) -> Result<(), sqlx::E
         .bind(&exps)
         .execute(&mut *tx)
         .await?;
+        let twice: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM queue_tickets q
+               JOIN UNNEST($2::uuid[], $3::int8[]) AS a(ticket, at) ON q.ticket = a.ticket
+              WHERE q.sku = $1 AND q.admitted_ms IS DISTINCT FROM a.at",
+        )
+        .bind(sku)
+        .bind(&admitted)
+        .bind(&ats)
+        .fetch_one(&mut *tx)
+        .await?;
+        if twice > 0 {
+            return Ok(Recorded::Clash(format!(
+                "line-clash: {twice} ticket(s) admitted again"
+            )));
+        }
     }
     sqlx::query("UPDATE skus SET queue_seq = GREATEST(queue_seq, $2) WHERE sku = $1")
         .bind(sku)
         .bind(top)
         .execute(&mut *tx)
         .await?;
-    tx.commit().await
+    tx.commit().await?;
+    Ok(Recorded::Written)
 }

@@ -395,3 +395,77 @@ async fn an_older_line_moved_past_its_mark_is_refused_by_the_incarnation_its_mov
         "the older line moved: {qseq:?} (mark {mark})"
     );
 }
+
+/// A line that admits again a ticket the ledger holds admitted at another time (what an older
+/// copy of the line does once it moves on, if a gateway has not learnt the mark yet; made here
+/// by putting the ticket back in line by hand) contradicts the ledger: its recorder writes
+/// nothing of it, closes the line, and the visitor is never handed a second token; the restore
+/// gives back the one admission the ledger holds. Before, the recorder kept the ledger's
+/// admission, trimmed the entry, and the visitor read a second token with another expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_line_that_admits_a_ticket_again_is_closed_and_never_hands_out_a_second_token() {
+    let app = spawn_app().await;
+    let sku = "qclash";
+    let r = declare_queued(
+        &app,
+        sku,
+        10,
+        json!({"admit_per_second": 1000, "admission_ttl_seconds": 600}),
+        json!({}),
+    )
+    .await;
+    assert_eq!(r.status(), 201);
+    let v = visitor("c-1");
+    let (s, b) = join_retrying(&app, sku, &v).await;
+    assert_eq!(s, 201, "{b}");
+    let id = b["ticket_id"].as_str().unwrap().to_string();
+    let first = until(LONG, || async {
+        let (s, b) = ticket(&app, &id, &v).await;
+        (s == 200 && b["state"] == "admitted").then_some(b)
+    })
+    .await;
+    // The older line: the ticket back in line, as before its admission.
+    let k = qkeys(&app.probe, sku);
+    let t = uuid::Uuid::parse_str(&id).unwrap();
+    let mut con = app.probe.redis.clone();
+    let _: () = redis::pipe()
+        .cmd("ZREM")
+        .arg(&k[2])
+        .arg(t.as_bytes().as_slice())
+        .cmd("HDEL")
+        .arg(&k[7])
+        .arg(t.as_bytes().as_slice())
+        .cmd("ZADD")
+        .arg(&k[1])
+        .arg(1)
+        .arg(t.as_bytes().as_slice())
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    // Admitted again in Redis, then the recorder finds the clash and closes the line.
+    until(LONG, || async {
+        let stale: Option<String> = app
+            .probe
+            .redis
+            .clone()
+            .hget(
+                dropgate::keys::SkuKeys::new(&app.probe.prefix, sku).state(),
+                "stale",
+            )
+            .await
+            .unwrap();
+        stale.filter(|s| s.contains("line-clash")).map(|_| ())
+    })
+    .await;
+    let (s, b) = ticket(&app, &id, &v).await;
+    assert_eq!(s, 503, "a second admission was answered: {b}");
+    let r = app.restore(sku, false).await;
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    let (s, b) = ticket(&app, &id, &v).await;
+    assert_eq!((s, &b["state"]), (200, &json!("admitted")), "{b}");
+    assert_eq!(
+        b["admission_expires_at"], first["admission_expires_at"],
+        "{b}"
+    );
+    assert_eq!(b["admission_token"], first["admission_token"], "{b}");
+}
