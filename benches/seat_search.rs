@@ -121,7 +121,11 @@ fn bench(c: &mut Criterion) {
     let rt = Runtime::new().expect("tokio runtime");
     let prefix = format!("bench{}", &Uuid::new_v4().simple().to_string()[..12]);
     let store = rt
-        .block_on(Store::connect(&redis_url(), &prefix, Duration::from_secs(10)))
+        .block_on(Store::connect(
+            &redis_url(),
+            &prefix,
+            Duration::from_secs(10),
+        ))
         .expect("Redis must be reachable at REDIS_URL for the seat benches");
 
     let mut scan = c.benchmark_group("best_available_scan");

@@ -30,6 +30,20 @@ pub(super) fn check_sku(sku: &str) -> Result<&SkuId> {
         .ok_or_else(|| ApiError::BadRequest("a SKU id matches ^[A-Za-z0-9._-]{1,64}$".into()))
 }
 
+/// The catalog's entry of `sku`: 404 `unknown_sku` for a SKU nobody declared, the catalog's
+/// own refusal (429, 503) when it cannot tell.
+pub(super) async fn known_sku(
+    state: &AppState,
+    sku: &SkuId,
+) -> Result<std::sync::Arc<crate::catalog::Sku>> {
+    state
+        .catalog
+        .get(sku)
+        .await
+        .map_err(ApiError::from)?
+        .ok_or(ApiError::UnknownSku)
+}
+
 pub(super) fn header<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
     req.headers().get(name).and_then(|v| v.to_str().ok())
 }

@@ -7,7 +7,7 @@ use hyper::{Request, Response, StatusCode};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::handler::{check_sku, header, json, Result};
+use super::handler::{check_sku, header, json, known_sku, Result};
 use super::problem::{ApiError, Body};
 use super::AppState;
 use crate::auth::{AuthError, Buyer};
@@ -131,12 +131,7 @@ pub(super) async fn join_waitlist(
         return Err(ApiError::Unauthorized(AuthError::WrongSku));
     }
     let sku = check_sku(sku)?;
-    let entry = state
-        .catalog
-        .get(sku)
-        .await
-        .map_err(ApiError::from)?
-        .ok_or(ApiError::UnknownSku)?;
+    let entry = known_sku(state, sku).await?;
     // The line's head is offered the units that come back before the queue admits anyone: on
     // a queued SKU it is a way to a unit like the claim route, and takes the same tokens.
     // A visitor token (no `tid`) is taken from a visitor with a ticket on this SKU: the one

@@ -9,7 +9,7 @@ use hyper::{Request, Response, StatusCode};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::handler::{check_sku, header, json, Result};
+use super::handler::{check_sku, header, json, known_sku, Result};
 use super::problem::{full, ApiError, Body};
 use super::AppState;
 use crate::auth::Buyer;
@@ -94,12 +94,7 @@ pub(super) async fn join(
         .visitor(header(req, AUTHORIZATION.as_str()), Some(sku))
         .map_err(ApiError::Unauthorized)?;
     let sku = check_sku(sku)?;
-    let entry = state
-        .catalog
-        .get(sku)
-        .await
-        .map_err(ApiError::from)?
-        .ok_or(ApiError::UnknownSku)?;
+    let entry = known_sku(state, sku).await?;
     let Some(settings) = entry.queue.0.as_ref() else {
         return Err(ApiError::NotQueued);
     };

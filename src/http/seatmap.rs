@@ -8,7 +8,7 @@ use hyper::header::{HeaderValue, AUTHORIZATION, CACHE_CONTROL, ETAG, IF_NONE_MAT
 use hyper::{Request, Response, StatusCode};
 use serde::Serialize;
 
-use super::handler::{check_sku, header, json, Result};
+use super::handler::{check_sku, header, json, known_sku, Result};
 use super::problem::{full, ApiError, Body};
 use super::AppState;
 use crate::seating::SeatPlan;
@@ -56,12 +56,7 @@ pub(super) async fn map(
         .reader(header(req, AUTHORIZATION.as_str()), Some(sku))
         .map_err(ApiError::Unauthorized)?;
     let sku = check_sku(sku)?;
-    let entry = state
-        .catalog
-        .get(sku)
-        .await
-        .map_err(ApiError::from)?
-        .ok_or(ApiError::UnknownSku)?;
+    let entry = known_sku(state, sku).await?;
     let plan = entry.plan.as_ref().ok_or(ApiError::NotSeated)?;
     let section = section_asked(req);
     if let Some(name) = &section {

@@ -328,43 +328,34 @@ async fn a_visitor_token_buys_nothing_outside_a_waiting_room_and_its_sku_binds_i
         visitor_of(Some("elsewhere")),
         visitor_of(Some("plain")),
     ] {
-        let r = app
-            .http
-            .post(format!("{}/v1/skus/plain/waitlist", app.base))
-            .bearer_auth(&bearer)
-            .json(&json!({}))
-            .send()
-            .await
-            .unwrap();
-        let status = r.status().as_u16();
-        assert!(
-            status == 401 || status == 404,
-            "a visitor joined a plain waitlist: {status}"
-        );
-        let r = app
-            .http
-            .get(format!("{}/v1/claims/{id}", app.base))
-            .bearer_auth(&bearer)
-            .send()
-            .await
-            .unwrap();
-        let status = r.status().as_u16();
-        assert!(
-            status == 401 || status == 404,
-            "a visitor read a plain claim: {status}"
-        );
-        let r = app
-            .http
-            .post(format!("{}/v1/claims/{id}/cancel", app.base))
-            .bearer_auth(&bearer)
-            .send()
-            .await
-            .unwrap();
-        let status = r.status().as_u16();
-        assert!(
-            status == 401 || status == 404,
-            "a visitor cancelled a plain claim: {status}"
-        );
+        let asks = [
+            (
+                "joined a plain waitlist",
+                reqwest::Method::POST,
+                "v1/skus/plain/waitlist".to_string(),
+            ),
+            (
+                "read a plain claim",
+                reqwest::Method::GET,
+                format!("v1/claims/{id}"),
+            ),
+            (
+                "cancelled a plain claim",
+                reqwest::Method::POST,
+                format!("v1/claims/{id}/cancel"),
+            ),
+        ];
+        for (what, method, path) in asks {
+            let mut req = app
+                .http
+                .request(method.clone(), format!("{}/{path}", app.base))
+                .bearer_auth(&bearer);
+            if method == reqwest::Method::POST {
+                req = req.json(&json!({}));
+            }
+            let status = req.send().await.unwrap().status().as_u16();
+            assert!(status == 401 || status == 404, "a visitor {what}: {status}");
+        }
     }
     let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM waitlist")
         .fetch_one(&app.db)
