@@ -116,6 +116,12 @@ impl ClaimService {
         self.writer.won(name);
     }
 
+    /// The sold-out memory, for a claim decided outside [`ClaimService::claim`] (a seated
+    /// one): refused from memory once Redis said every seat is gone, learnt as count claims do.
+    pub fn sold_out(&self) -> &SoldOut {
+        &self.sold_out
+    }
+
     pub fn settler(&self) -> Arc<Settler> {
         self.settler.clone()
     }

@@ -102,6 +102,15 @@ pub(super) async fn claim(
     idempotency_key: Option<String>,
 ) -> Result<Response<Body>> {
     let ask = ask(entry, body)?;
+    // The sold-out fast path, as for count claims: no Redis call once every seat is gone (a
+    // keyed claim may be the replay of a win: it asks Redis).
+    let sold_out = state.claims.sold_out();
+    if idempotency_key.is_none() && sold_out.refuses(sku) {
+        m::fast_refusal();
+        m::claim_decided("sold_out", std::time::Duration::ZERO);
+        return Err(ApiError::SoldOut);
+    }
+    let ticket = sold_out.ticket();
     let claim_id = crate::ids::mint_call(entry.tag);
     let keys = state.store.keys(sku.as_str());
     let mut con = state.store.hot();
@@ -139,6 +148,10 @@ pub(super) async fn claim(
             remaining,
             seats,
         } => (claim_id, remaining, seats, true),
+        SeatOutcome::SoldOut { free: 0 } => {
+            sold_out.learn(sku, entry.layout, ticket);
+            return Err(refusal(state, sku, SeatOutcome::SoldOut { free: 0 }));
+        }
         refused => return Err(refusal(state, sku, refused)),
     };
     state.claims.writer_won(sku.as_str());

@@ -262,3 +262,48 @@ async fn the_views_seat_counts_are_the_same_instants_as_its_remaining_while_seat
     eprintln!("{views} views agreed ({moving} answered 503)");
     assert!(views > 10, "{views} views");
 }
+
+/// Once Redis said every seat is gone, a seated claim is refused from memory, as a count claim
+/// is: no Redis call (shown by taking the state out of Redis: a call would answer 503).
+#[tokio::test]
+async fn a_sold_out_hall_refuses_seated_claims_without_asking_redis() {
+    let app = spawn_app().await;
+    declare_seated(
+        &app,
+        "full",
+        json!({"sections": [{"name": "A", "rows": 1, "count": 4}]}),
+    )
+    .await;
+    claim(&app, "full", "f1", json!({"quantity": 2})).await;
+    claim(&app, "full", "f2", json!({"quantity": 2})).await;
+    let refuse = |user: &'static str| {
+        let (http, base) = (app.http.clone(), app.base.clone());
+        async move {
+            let r = http
+                .post(format!("{base}/v1/skus/full/claims"))
+                .bearer_auth(token(user))
+                .json(&json!({"quantity": 1}))
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            (status, code(&r.json().await.unwrap()).to_string())
+        }
+    };
+    // The first refusal asks Redis and learns the hall is full.
+    assert_eq!(refuse("f3").await, (409, "sold_out".to_string()));
+    let mut con = app.probe.redis.clone();
+    let _: () = redis::cmd("RENAME")
+        .arg(format!("{}:{{full}}:state", app.probe.prefix))
+        .arg(format!("{}:{{full}}:state-away", app.probe.prefix))
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    for user in ["f4", "f5", "f6"] {
+        assert_eq!(
+            refuse(user).await,
+            (409, "sold_out".to_string()),
+            "{user} asked Redis"
+        );
+    }
+}
