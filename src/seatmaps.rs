@@ -127,6 +127,14 @@ impl SeatMaps {
                 *held = Some(c.clone());
                 Ok(c)
             }
+            // A state Redis lost or holds older than the ledger: the copy held may be of that
+            // older state (read before anyone knew), so it goes too (found from outside: after
+            // a rollback a gateway served sold seats as free for a second). A slow Redis: the
+            // copy held is served while it is within a second.
+            Err(e @ (StoreError::SkuLost | StoreError::Stale)) => {
+                *held = None;
+                Err(e)
+            }
             Err(e) => match held.as_ref() {
                 Some(c) if c.taken.elapsed() < MAX_AGE && c.plan_tag == plan_tag => Ok(c.clone()),
                 _ => Err(e),
@@ -146,9 +154,9 @@ async fn read(store: &Store, sku: &str, plan_tag: &str) -> Result<Copy, StoreErr
     let keys = store.keys(sku);
     let mut con = store.hot();
     #[allow(clippy::type_complexity)]
-    let (bits, (stock, stale), (secs, micros)): (
+    let (bits, (stock, stale, seq, inc), (secs, micros)): (
         Option<Vec<u8>>,
-        (Option<i64>, Option<String>),
+        (Option<i64>, Option<String>, Option<i64>, Option<i64>),
         (i64, i64),
     ) = store
         .bounded(async {
@@ -159,12 +167,20 @@ async fn read(store: &Store, sku: &str, plan_tag: &str) -> Result<Copy, StoreErr
                 .arg(keys.state())
                 .arg("stock")
                 .arg("stale")
+                .arg("seq")
+                .arg("inc")
                 .cmd("TIME")
                 .query_async(&mut con)
                 .await?)
         })
         .await?;
     if stale.is_some() {
+        return Err(StoreError::Stale);
+    }
+    // A state older than the ledger's mark as this gateway knows it (a rollback no script has
+    // met yet) is closed here as a script would close it, never drawn.
+    if stock.is_some() && store.marks().fence_peek(sku).is_above(seq, inc) {
+        crate::freshness::close_stale(store, sku, "seat map: state older than the ledger").await;
         return Err(StoreError::Stale);
     }
     if stock.is_none() {

@@ -31,6 +31,9 @@ struct LiveClaim {
     /// claims' query reads it.)
     #[sqlx(default)]
     compensating: bool,
+    /// A seated claim's seats: its record is written in `claim_seats.lua`'s layout.
+    #[sqlx(default)]
+    seats: Option<Vec<String>>,
 }
 
 /// Streams the claims that hold units (written and live, refused and not yet compensated, or
@@ -48,19 +51,20 @@ pub(super) async fn stage_live_claims(
 ) -> Result<(i64, usize, Given), InventoryError> {
     let mut rows = sqlx::query_as::<_, LiveClaim>(
         "SELECT claim_id, user_id, quantity::bigint AS quantity, idempotency_key,
-                remaining_after, expires_at, false AS parked, false AS compensating
+                remaining_after, expires_at, false AS parked, false AS compensating, seats
            FROM issuances WHERE sku = $1 AND status IN ('issued', 'held', 'confirmed')
          UNION ALL
          SELECT p.claim_id, p.user_id, p.quantity::bigint, p.idempotency_key, p.remaining_after,
                 p.expires_at, true,
                 EXISTS (SELECT 1 FROM issuances i
-                         WHERE i.claim_id = p.claim_id AND i.status = 'compensated')
+                         WHERE i.claim_id = p.claim_id AND i.status = 'compensated'),
+                p.seats
            FROM persistence_pending p
           WHERE p.sku = $1 AND p.status IN ('pending', 'reprocessing')
             AND p.claim_status NOT IN ('cancelled', 'expired')
          UNION ALL
          SELECT COALESCE(q.claim_id, '00000000-0000-0000-0000-000000000000'), q.user_id,
-                COALESCE(q.quantity, 0)::bigint, NULL, NULL, NULL, false, false
+                COALESCE(q.quantity, 0)::bigint, NULL, NULL, NULL, false, false, NULL
            FROM quarantine q
           WHERE q.sku = $1 AND q.resolved_at IS NULL
             AND NOT EXISTS (SELECT 1 FROM issuances i WHERE i.claim_id = q.claim_id)
@@ -170,18 +174,29 @@ fn record(
         return;
     };
     let shard = shard_of(&user_id);
-    let record = IdemRecord {
-        claim_id: c.claim_id,
-        quantity: c.quantity as u32,
-        remaining: c.remaining_after.unwrap_or(0),
-        expires_ms: c.expires_at.map(|t| t.timestamp_millis()),
+    let record = match &c.seats {
+        // claim_seats.lua's layout; the ledger keeps the seats, not the request that took
+        // them, so "*" lets the same key's retry replay them (a new key decides afresh).
+        Some(seats) => format!(
+            "*|{}|{}|{}",
+            c.claim_id,
+            c.remaining_after.unwrap_or(0),
+            seats.join(",")
+        ),
+        None => IdemRecord {
+            claim_id: c.claim_id,
+            quantity: c.quantity as u32,
+            remaining: c.remaining_after.unwrap_or(0),
+            expires_ms: c.expires_at.map(|t| t.timestamp_millis()),
+        }
+        .render(),
     };
     pipes
         .add(shard)
         .hset(
             keys[shard].idempotency(),
             &idempotency_field(&user_id, &k)[..],
-            record.render(),
+            record,
         )
         .ignore();
 }
