@@ -1,10 +1,9 @@
 -- compensate.lua: fence a parked claim for one reprocessor, or give its units back.
 --
--- KEYS[1..8] the lifecycle keys of the SKU (see lib/lifecycle.lua)
--- KEYS[9]  the claim's marker <prefix>:{<sku>}:comp:<claim_id>: the fencing reprocessor's
+-- KEYS[1..9] the lifecycle keys of the SKU (see lib/lifecycle.lua; KEYS[9] the seat map)
+-- KEYS[10] the claim's marker <prefix>:{<sku>}:comp:<claim_id>: the fencing reprocessor's
 --          token, then "compensated" (units given back here) or "ended" (a hold that had ended)
--- KEYS[10] the SKU's idempotency records (hash)                   <prefix>:{<sku>}:idem
--- KEYS[11] the seat map of a seated SKU (lua/claim_seats.lua)      <prefix>:{<sku>}:seats
+-- KEYS[11] the SKU's idempotency records (hash)                   <prefix>:{<sku>}:idem
 -- ARGV[1]  mode: "fence" (before an attempt) or "give" (after the last attempt failed)
 -- ARGV[2]  the reprocessor's owner token
 -- ARGV[3]  user id
@@ -12,9 +11,9 @@
 -- ARGV[5]  claim id
 -- ARGV[6]  marker TTL in seconds
 -- ARGV[7]  floor ("give" only): the ledger's mark and incarnation (see lib/fresh.lua)
--- ARGV[8]  the claim's idempotency record's field in KEYS[10] (src/keys.rs
+-- ARGV[8]  the claim's idempotency record's field in KEYS[11] (src/keys.rs
 --          `idempotency_field`), "" or absent when the claim had no key
--- ARGV[9]  the claim's seats' bits in KEYS[11], comma-separated ("" or absent: no seats)
+-- ARGV[9]  the claim's seats' bits in KEYS[9], comma-separated ("" or absent: no seats)
 --
 -- Returns
 --   fence: 1 when the marker now names this owner, 0 when the claim is already compensated.
@@ -37,7 +36,7 @@
 -- it last, so a stale lease holder can neither give back twice nor give back a claim that a
 -- newer owner is writing. A hold's units come back once whichever ends it: its expiry, a
 -- cancel, or this compensation.
-local state, users, marker, idems = KEYS[1], KEYS[2], KEYS[9], KEYS[10]
+local state, users, marker, idems = KEYS[1], KEYS[2], KEYS[10], KEYS[11]
 local mode, token = ARGV[1], ARGV[2]
 local current = redis.call('GET', marker)
 -- "compensated": this compensation gave the units back; "ended": the claim was a hold that had
@@ -75,7 +74,7 @@ else
   seq = give_back(units, now, bump(seq))
   -- Seated SKUs have no holds (refused at declare): their units come back only here.
   for bit in string.gmatch(ARGV[9] or '', '%d+') do
-    redis.call('SETBIT', KEYS[11], tonumber(bit), 0)
+    redis.call('SETBIT', KEYS[9], tonumber(bit), 0)
   end
 end
 redis.call('HSET', state, 'seq', seq)
@@ -86,7 +85,8 @@ if field ~= '' then
   local record = redis.call('HGET', idems, field)
   if record then
     local body = string.match(record, '^h|%d+|(.*)$') or record
-    if string.sub(body, 1, #id) == id then
+    -- A seated claim's record: "fingerprint|claim_id|..." (claim_seats.lua).
+    if string.sub(body, 1, #id) == id or string.match(record, '^[^|]*|([^|]*)|') == id then
       redis.call('HDEL', idems, field)
     end
   end

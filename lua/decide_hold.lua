@@ -1,6 +1,6 @@
 -- decide_hold.lua: confirm or cancel one held claim, decided against Redis's clock.
 --
--- KEYS[1..8] the lifecycle keys of the claim's SKU (see lib/lifecycle.lua)
+-- KEYS[1..9] the lifecycle keys of the claim's SKU (see lib/lifecycle.lua)
 -- ARGV[1]    "confirm" or "cancel"
 -- ARGV[2]    the claim id
 -- ARGV[3]    the caller's user id, or "" for the admin (who may act on any claim)
@@ -50,7 +50,8 @@ if op == 'cancel' then
   redis.call('HSET', KEYS[1], 'seq', seq)
   return {1, 'cancelled', h.expires}
 end
-redis.call('HSET', KEYS[4], id, pack_hold('confirmed', h.qty, h.expires, h.offer, h.user))
+redis.call('HSET', KEYS[4], id, pack_hold('confirmed', h.qty, h.expires, h.offer, h.user,
+  h.seats))
 redis.call('ZREM', KEYS[5], id)
 seq = bump(seq)
 local fields = { 's', change_record(id, 'confirmed', h.qty, now, seq) }

@@ -1,7 +1,7 @@
 -- expire_holds.lua: expire the holds of one SKU whose time has come, a bounded batch per call.
 --
--- KEYS[1..8] the lifecycle keys of the SKU (see lib/lifecycle.lua)
--- KEYS[9]    the SKU's expiry lease <prefix>:{<sku>}:expiry:lease
+-- KEYS[1..9] the lifecycle keys of the SKU (see lib/lifecycle.lua)
+-- KEYS[10]    the SKU's expiry lease <prefix>:{<sku>}:expiry:lease
 -- ARGV[1]    the calling worker's owner token
 -- ARGV[2]    lease time in milliseconds
 -- ARGV[3]    most holds expired by this call
@@ -15,7 +15,7 @@
 -- Invariant: a hold expires once (only a hold still `held` and past its time), its units come
 -- back once, to the waitlist's head first (give_back). The lease only spares duplicate work:
 -- correctness never depends on it, so a worker that lost it mid-batch cannot double anything.
-local lease, owner = KEYS[9], ARGV[1]
+local lease, owner = KEYS[10], ARGV[1]
 local current = redis.call('GET', lease)
 if current and current ~= owner then
   return {-1}

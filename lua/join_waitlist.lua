@@ -1,6 +1,6 @@
 -- join_waitlist.lua: put a buyer at the end of a sold-out SKU's waitlist, once.
 --
--- KEYS[1..8] the lifecycle keys of the SKU (see lib/lifecycle.lua)
+-- KEYS[1..9] the lifecycle keys of the SKU (see lib/lifecycle.lua)
 -- ARGV[1]    the new entry's id (minted by the gateway; an offer made to it uses it as claim id)
 -- ARGV[2]    user id
 -- ARGV[3]    "1" when another shard of the SKU holds units or a transfer between shards is in

@@ -1,6 +1,6 @@
 -- leave_waitlist.lua: take a buyer's entry out of the line (declining its offer, if any).
 --
--- KEYS[1..8] the lifecycle keys of the SKU (see lib/lifecycle.lua)
+-- KEYS[1..9] the lifecycle keys of the SKU (see lib/lifecycle.lua)
 -- ARGV[1]    the entry id
 -- ARGV[2]    the caller's user id, or "" for the admin
 -- ARGV[3]    floor: the ledger's mark and incarnation (see lib/fresh.lua)

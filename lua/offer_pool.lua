@@ -2,7 +2,7 @@
 -- feed of a sharded SKU's lines decides how many, by join ticket across every line:
 -- src/shards/line.rs).
 --
--- KEYS[1..8] the shard's lifecycle keys (see lib/lifecycle.lua)
+-- KEYS[1..9] the shard's lifecycle keys (see lib/lifecycle.lua)
 -- ARGV[1]    the most units to offer
 -- ARGV[2]    "1" to first move this shard's open stock into the pool: the feed saw somebody
 --            waiting in one of the SKU's lines and has just renewed the line lease, so open

@@ -1,7 +1,7 @@
 -- release_pool.lua: give a shard's waitlist pool back once its line lease has lapsed (nobody
 -- waits in any of the SKU's lines, and no buyer has begun a join within the lease).
 --
--- KEYS[1..8] the shard's lifecycle keys (see lib/lifecycle.lua)
+-- KEYS[1..9] the shard's lifecycle keys (see lib/lifecycle.lua)
 -- ARGV[1]    floor: the ledger's mark and incarnation (see lib/fresh.lua)
 --
 -- Returns {1, units released} when the lease has lapsed (0 units when the pool was empty);

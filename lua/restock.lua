@@ -1,8 +1,8 @@
 -- restock.lua: add a (possibly negative) delta to a SKU's remaining stock, once per operation.
 --
--- KEYS[1..8] the lifecycle keys of the SKU (see lib/lifecycle.lua)
--- KEYS[9]  the operation's marker <prefix>:{<sku>}:restock:<op_id>
--- KEYS[10] the SKU's operator fence <prefix>:{<sku>}:op_fence: raised to ARGV[4] when the
+-- KEYS[1..9] the lifecycle keys of the SKU (see lib/lifecycle.lua)
+-- KEYS[10]  the operation's marker <prefix>:{<sku>}:restock:<op_id>
+-- KEYS[11] the SKU's operator fence <prefix>:{<sku>}:op_fence: raised to ARGV[4] when the
 --          state is missing (see below)
 -- ARGV[1]  mode: "apply", or "resolve" (after an apply whose answer never came)
 -- ARGV[2]  delta (integer)
@@ -38,7 +38,7 @@
 -- gone never moves a state a newer operator has touched, and no restock moves a state that
 -- is behind the ledger. Units added go to the waitlist's head first (give_back): open stock
 -- gets only what nobody waits for.
-local state, marker = KEYS[1], KEYS[9]
+local state, marker = KEYS[1], KEYS[10]
 local epoch = tonumber(ARGV[4])
 local cur = redis.call('HMGET', state, 'stock', 'seq', 'stale', 'epoch', 'inc')
 -- What already happened to this operation is reported to anyone, whatever their epoch: a
@@ -60,9 +60,9 @@ if not cur[1] then
   -- restore reads). A restore under an older epoch read the total without it: if its last
   -- call is still on its way (its answer or its lock lost), it must find the fence and rebuild
   -- nothing, or the stock would be short of this delta for good.
-  local fence = tonumber(redis.call('GET', KEYS[10]) or '0')
+  local fence = tonumber(redis.call('GET', KEYS[11]) or '0')
   if epoch > fence then
-    redis.call('SET', KEYS[10], epoch)
+    redis.call('SET', KEYS[11], epoch)
   end
   return {-1, 0, 0}
 end

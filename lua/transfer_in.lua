@@ -4,9 +4,9 @@
 -- lasts (src/shards/line.rs), else to its line's head first and the rest to open stock. Units
 -- taken from a donor's pool go to the recipient's pool.
 --
--- KEYS[1..8] the recipient shard's lifecycle keys (see lib/lifecycle.lua); KEYS[1] is its
+-- KEYS[1..9] the recipient shard's lifecycle keys (see lib/lifecycle.lua); KEYS[1] is its
 --            state hash <prefix>:{<sku>[#i]}:state
--- KEYS[9]    the record that this transfer was applied here <prefix>:{<sku>[#i]}:xfer:in:<id>
+-- KEYS[10]    the record that this transfer was applied here <prefix>:{<sku>[#i]}:xfer:in:<id>
 -- ARGV[1]    units (as the donor's record has them)
 -- ARGV[2]    the donor's generation when it took them (see transfer_out.lua)
 -- ARGV[3]    how long the applied record is kept, seconds (far longer than any transfer can
@@ -28,7 +28,7 @@
 -- Invariant: a transfer's units are given back at most once, and only to the generation of
 -- the state they were taken from; pooled units stay kept for the SKU's lines; the state's
 -- `seq` moves with every change journaled.
-local state, applied = KEYS[1], KEYS[9]
+local state, applied = KEYS[1], KEYS[10]
 if redis.call('EXISTS', applied) == 1 then
   return 2
 end

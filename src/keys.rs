@@ -259,9 +259,10 @@ impl SkuKeys {
         format!("{}wl:users", self.head)
     }
 
-    /// The eight lifecycle keys, in the order every lifecycle script takes them as
-    /// `KEYS[1..8]` (see `lua/lib/lifecycle.lua`).
-    pub fn lifecycle(&self) -> [String; 8] {
+    /// The nine lifecycle keys, in the order every lifecycle script takes them as
+    /// `KEYS[1..9]` (see `lua/lib/lifecycle.lua`). The seat map is one of them (unused by a
+    /// SKU without seats) because ending a hold or offering a unit frees or takes seats.
+    pub fn lifecycle(&self) -> [String; 9] {
         [
             self.state(),
             self.users(),
@@ -271,6 +272,7 @@ impl SkuKeys {
             self.waitlist(),
             self.waitlist_entries(),
             self.waitlist_users(),
+            self.seats(),
         ]
     }
 

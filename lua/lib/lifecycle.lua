@@ -2,7 +2,7 @@
 -- to those scripts when they are loaded (src/scripts/), so each still runs as one atomic
 -- script; it only defines functions.
 --
--- The lifecycle keys, in this order, are KEYS[1..8] of every script that includes it:
+-- The lifecycle keys, in this order, are KEYS[1..9] of every script that includes it:
 --   1 state hash {stock, limit, inflight, seq, hold_ms, offer_ms, opens_ms, closes_ms, ...}
 --   2 per-user unit counts (hash user -> units held: issued, held and confirmed)
 --   3 the journal (stream): wins (field c), status changes (s), waitlist changes (w)
@@ -11,6 +11,7 @@
 --   6 the waitlist's line (sorted set entry id -> join order)
 --   7 waitlist entries (hash entry id -> entry record, see pack_entry)
 --   8 waitlist members (hash user -> that user's current entry id)
+--   9 the seat map of a seated SKU (lua/claim_seats.lua; absent on a SKU without seats)
 --
 -- Invariant kept by give_back: a returned unit goes to the head of the line as an offer (a
 -- held claim whose id is the entry id) while anybody waits, and to open stock only when
@@ -23,9 +24,14 @@ local function redis_now()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- A hold: "status|quantity|expires_ms|offer(0/1)|len(user)|user".
-local function pack_hold(status, qty, expires, offer, user)
-  return status .. '|' .. qty .. '|' .. expires .. '|' .. offer .. '|' .. #user .. '|' .. user
+-- A hold: "status|quantity|expires_ms|offer(0/1)|len(user)|user", and on a seated SKU
+-- "|bit:id,bit:id,...": its seats (their bits in the map, KEYS[9]), freed when it ends.
+local function pack_hold(status, qty, expires, offer, user, seats)
+  local rec = status .. '|' .. qty .. '|' .. expires .. '|' .. offer .. '|' .. #user .. '|' .. user
+  if seats and seats ~= '' then
+    rec = rec .. '|' .. seats
+  end
+  return rec
 end
 
 local function unpack_hold(rec)
@@ -34,7 +40,8 @@ local function unpack_hold(rec)
     string.match(rec, '^(%a+)|(%d+)|(%d+)|(%d)|(%d+)|(.*)$')
   if not status then return nil end
   return { status = status, qty = tonumber(qty), expires = tonumber(expires),
-           offer = offer, user = string.sub(rest, 1, tonumber(len)) }
+           offer = offer, user = string.sub(rest, 1, tonumber(len)),
+           seats = string.sub(rest, tonumber(len) + 2) }
 end
 
 -- A waitlist entry: "status|order|joined_ms|len(user)|user".
@@ -133,13 +140,18 @@ local function give_back(units, now, seq)
   return seq
 end
 
--- Ends a held claim as `status` ('cancelled', 'expired' or 'compensated'): its units leave
--- the buyer's count and come back (give_back); an offer's entry ends too. `h` is the
+-- Ends a held claim as `status` ('cancelled', 'expired' or 'compensated'): its units (and a
+-- seated hold's seats) leave the buyer's count and come back (give_back); an offer's entry ends too. `h` is the
 -- unpacked hold; `entry_end` the status an offer's entry ends with (default 'expired'; 'left'
 -- when its buyer leaves the line). Returns the new `seq`. The caller writes `seq` to the state.
 local function end_hold(id, h, status, now, seq, entry_end)
   local K = KEYS
-  redis.call('HSET', K[4], id, pack_hold(status, h.qty, h.expires, h.offer, h.user))
+  redis.call('HSET', K[4], id, pack_hold(status, h.qty, h.expires, h.offer, h.user, h.seats))
+  -- A seated hold's seats are free again in the same step as its units (the map's free seats
+  -- always equal the stock: I1).
+  for bit in string.gmatch(h.seats, '(%d+):') do
+    redis.call('SETBIT', K[9], tonumber(bit), 0)
+  end
   redis.call('ZREM', K[5], id)
   if redis.call('HINCRBY', K[2], h.user, -h.qty) <= 0 then
     redis.call('HDEL', K[2], h.user)

@@ -64,7 +64,7 @@ pub(super) async fn declare(
     let body: DeclareBody = parse(&read_body(req, crate::config::MAX_ADMIN_BODY_BYTES).await?)?;
     let limit = body.per_user_limit.unwrap_or(1);
     let hold = body.hold_seconds.unwrap_or(0);
-    let plan = seat_plan(&body, hold)?;
+    let plan = seat_plan(&body)?;
     let total = match (&plan, body.total) {
         (Some(p), _) => i64::from(p.seats()),
         (None, Some(t)) => t,
@@ -129,12 +129,9 @@ pub(super) async fn declare(
 }
 
 /// A declare's `seats`, checked before anything is stored: `total`, when given too, must be
-/// the number of seats. Holds, shards and queues on a seated SKU are not built yet
-/// (docs/seats.md, "Limits"): refused rather than half served.
-fn seat_plan(
-    body: &DeclareBody,
-    hold: i64,
-) -> Result<Option<std::sync::Arc<crate::seating::SeatPlan>>> {
+/// the number of seats. Shards and queues on a seated SKU are not built yet (docs/seats.md,
+/// "Not built yet"): refused rather than half served.
+fn seat_plan(body: &DeclareBody) -> Result<Option<std::sync::Arc<crate::seating::SeatPlan>>> {
     let Some(v) = &body.seats else {
         return Ok(None);
     };
@@ -144,11 +141,6 @@ fn seat_plan(
             "total must equal the number of seats ({})",
             plan.seats()
         )));
-    }
-    if hold > 0 || body.offer_seconds.unwrap_or(0) > 0 {
-        return Err(ApiError::BadRequest(
-            "a seated SKU cannot hold its claims yet (hold_seconds and offer_seconds 0)".into(),
-        ));
     }
     if body.shards.unwrap_or(1) != 1 || body.queue.is_some() {
         return Err(ApiError::BadRequest(
@@ -263,7 +255,7 @@ pub(super) async fn restock(
         .ok_or(ApiError::UnknownSku)?;
     if sku_row.seats.is_some() {
         // A seated SKU's total is its seat plan: a restock would add units no seat carries.
-        return Err(ApiError::SeatedSku);
+        return Err(ApiError::SeatedSku(false));
     }
     if sku_row.total.saturating_add(delta) > MAX_UNITS {
         return Err(ApiError::BadRequest(format!(

@@ -132,6 +132,11 @@ pub(super) async fn join_waitlist(
     }
     let sku = check_sku(sku)?;
     let entry = known_sku(state, sku).await?;
+    if entry.seats.is_some() {
+        // Offers would need the best available seats for each entry's quantity (API.md): not
+        // built yet, and a seatless offer would take a unit no seat carries (docs/seats.md).
+        return Err(ApiError::SeatedSku(true));
+    }
     // The line's head is offered the units that come back before the queue admits anyone: on
     // a queued SKU it is a way to a unit like the claim route, and takes the same tokens.
     // A visitor token (no `tid`) is taken from a visitor with a ticket on this SKU: the one

@@ -94,8 +94,9 @@ pub enum ApiError {
     SeatsTaken(Vec<String>),
     /// Seated SKU: no row has the asked number of adjacent free seats; the largest block.
     NoAdjacentSeats(i64),
-    /// A restock of a seated SKU: it grows by its plan, not by a count.
-    SeatedSku,
+    /// What a seated SKU does not do: a restock (it grows by its plan, not by a count), or
+    /// (not built yet: docs/seats.md) a waitlist join. `true` for the waitlist.
+    SeatedSku(bool),
     /// The seat map of a SKU sold by count.
     NotSeated,
     /// The SKU view while acknowledgements moved Redis under every reading it took.
@@ -223,10 +224,10 @@ impl ApiError {
                 "Too many joins from this visitor",
             ),
             SeatsTaken(_) => (StatusCode::CONFLICT, "seats_taken", "Seats taken"),
-            SeatedSku => (
+            SeatedSku(_) => (
                 StatusCode::CONFLICT,
                 "seated_sku",
-                "A seated SKU is not restocked",
+                "Not done on a seated SKU",
             ),
             NoAdjacentSeats(_) => (
                 StatusCode::CONFLICT,
@@ -414,9 +415,13 @@ impl ApiError {
             NotQueued => "the SKU has no waiting room: claim it directly",
             NotSeated => "the SKU is sold by count (general admission): it has no seat map",
             InStock => "units remain: claim them instead of joining the waitlist",
-            SeatedSku => {
+            SeatedSku(false) => {
                 "a seated SKU's total is its seat plan: grow it by declaring longer rows or more \
                  rows and sections (PUT /admin/skus/{sku})"
+            }
+            SeatedSku(true) => {
+                "a seated SKU has no waitlist yet: its seats come back to the open map when a \
+                 hold ends (GET /v1/skus/{sku}/seats shows them)"
             }
             SeatsTaken(_) => {
                 "these seats (taken) are not free: choose others, or ask for best available"

@@ -270,6 +270,7 @@ fn unsettled_claim(
             },
             expires_at: expires_ms.and_then(chrono::DateTime::from_timestamp_millis),
             created_at: crate::ids::created_at(&id),
+            seats: None,
         }),
     }
 }

@@ -141,13 +141,18 @@ pub(super) async fn claim(
             return Err(e);
         }
     };
-    let (id, remaining, seats, replayed) = match outcome {
-        SeatOutcome::Won { remaining, seats } => (claim_id, remaining, seats, false),
+    let (id, remaining, seats, expires_ms, replayed) = match outcome {
+        SeatOutcome::Won {
+            remaining,
+            seats,
+            expires_ms,
+        } => (claim_id, remaining, seats, expires_ms, false),
         SeatOutcome::Replay {
             claim_id,
             remaining,
             seats,
-        } => (claim_id, remaining, seats, true),
+            expires_ms,
+        } => (claim_id, remaining, seats, expires_ms, true),
         SeatOutcome::SoldOut { free: 0 } => {
             sold_out.learn(sku, entry.layout, ticket);
             return Err(refusal(state, sku, SeatOutcome::SoldOut { free: 0 }));
@@ -163,8 +168,14 @@ pub(super) async fn claim(
             sku,
             user,
             quantity: seats.len(),
-            status: ClaimStatus::Issued,
-            expires_at: None,
+            status: if expires_ms.is_some() {
+                ClaimStatus::Held
+            } else {
+                ClaimStatus::Issued
+            },
+            expires_at: expires_ms
+                .and_then(chrono::DateTime::from_timestamp_millis)
+                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
             remaining,
             seats: &seats,
         },

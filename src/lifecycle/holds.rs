@@ -65,6 +65,7 @@ pub async fn find_claim(
             status: h.status,
             expires_at: chrono::DateTime::from_timestamp_millis(h.expires_ms),
             created_at,
+            seats: h.seats,
         },
         // Without its hold record, a held win is told as its call answered it, unless the
         // ledger has it by now. The writer drops a hold's record only once `issuances` holds
@@ -88,6 +89,8 @@ pub async fn find_claim(
                 },
                 expires_at: expires_ms.and_then(chrono::DateTime::from_timestamp_millis),
                 created_at,
+                // A call record is a count claim's (claim.lua): a seated claim's is its hold.
+                seats: None,
             }
         }
         (None, None) => return Ok(rows::find_claim(catalog.db(), id).await?),

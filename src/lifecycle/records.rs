@@ -3,7 +3,8 @@
 
 use crate::status::{ClaimStatus, EntryStatus};
 
-/// "status|quantity|expires_ms|offer(0/1)|len(user)|user".
+/// "status|quantity|expires_ms|offer(0/1)|len(user)|user", on a seated SKU then
+/// "|bit:id,bit:id,...".
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hold {
     pub status: ClaimStatus,
@@ -11,6 +12,8 @@ pub struct Hold {
     pub expires_ms: i64,
     pub offer: bool,
     pub user: String,
+    /// A seated hold's seat ids.
+    pub seats: Option<Vec<String>>,
 }
 
 impl Hold {
@@ -21,13 +24,27 @@ impl Hold {
         let expires_ms = it.next()?.parse().ok()?;
         let offer = it.next()? == "1";
         let len: usize = it.next()?.parse().ok()?;
-        let user = it.next()?;
-        (user.len() == len).then(|| Hold {
+        // A seated hold's record goes on after its user: "|bit,bit,..." (its seats' bits).
+        let rest = it.next()?;
+        let user = rest.get(..len)?;
+        let tail = &rest[len..];
+        let seats = match tail.strip_prefix('|') {
+            Some(pairs) => Some(
+                pairs
+                    .split(',')
+                    .map(|p| p.split_once(':').map(|(_, id)| id.to_string()))
+                    .collect::<Option<Vec<_>>>()?,
+            ),
+            None if tail.is_empty() => None,
+            None => return None,
+        };
+        Some(Hold {
             status,
             quantity,
             expires_ms,
             offer,
             user: user.to_string(),
+            seats,
         })
     }
 }

@@ -178,10 +178,11 @@ fn record(
         // claim_seats.lua's layout; the ledger keeps the seats, not the request that took
         // them, so "*" lets the same key's retry replay them (a new key decides afresh).
         Some(seats) => format!(
-            "*|{}|{}|{}",
+            "*|{}|{}|{}|{}",
             c.claim_id,
             c.remaining_after.unwrap_or(0),
-            seats.join(",")
+            seats.join(","),
+            c.expires_at.map_or(0, |t| t.timestamp_millis())
         ),
         None => IdemRecord {
             claim_id: c.claim_id,
@@ -203,7 +204,9 @@ fn record(
 
 /// Writes the idempotency records of keyed claims that won and then ended without their units
 /// (a hold cancelled or expired) within the records' lifetime: a retry under such a key
-/// replays its first answer, as it would have before Redis lost the record (I4). A compensated
+/// replays its first answer, as it would have before Redis lost the record (I4); a seated
+/// claim's in `claim_seats.lua`'s layout (before, a seated hold's was written as a count
+/// claim's, and its retry answered 422: the gateway model's seated SKU). A compensated
 /// claim's record is not rebuilt: its compensation dropped it, so a retry is decided afresh.
 pub(super) async fn stage_ended_records(
     store: &Store,
@@ -214,13 +217,13 @@ pub(super) async fn stage_ended_records(
 ) -> Result<(), InventoryError> {
     let mut rows = sqlx::query_as::<_, LiveClaim>(
         "SELECT claim_id, user_id, quantity::bigint AS quantity, idempotency_key,
-                remaining_after, expires_at, false AS parked
+                remaining_after, expires_at, false AS parked, seats
            FROM issuances
           WHERE sku = $1 AND status IN ('cancelled', 'expired') AND idempotency_key IS NOT NULL
             AND created_at > now() - make_interval(secs => $2)
          UNION ALL
          SELECT claim_id, user_id, quantity::bigint, idempotency_key, remaining_after,
-                expires_at, true
+                expires_at, true, seats
            FROM persistence_pending
           WHERE sku = $1 AND status IN ('pending', 'reprocessing')
             AND claim_status IN ('cancelled', 'expired') AND idempotency_key IS NOT NULL

@@ -18,6 +18,8 @@ struct HeldRow {
     expires_ms: i64,
     offer: bool,
     status: crate::status::ClaimStatus,
+    /// A seated hold's seats: its record carries their bits, which its end frees.
+    seats: Option<Vec<String>>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -41,6 +43,7 @@ pub(super) async fn stage(
     db: &sqlx::PgPool,
     sku: &SkuId,
     given: &super::claims::Given,
+    plan: Option<&crate::seating::SeatPlan>,
 ) -> Result<i64, crate::error::InventoryError> {
     // Every hold (an offer too), waitlist entry and line position goes back to its buyer's
     // shard (src/shards/line.rs: a sharded SKU has one line per shard).
@@ -68,11 +71,12 @@ pub(super) async fn stage(
         "SELECT i.claim_id, i.user_id, i.quantity,
                 (extract(epoch FROM i.expires_at) * 1000)::bigint AS expires_ms,
                 EXISTS (SELECT 1 FROM waitlist w WHERE w.claim_id = i.claim_id) AS offer,
-                i.status
+                i.status, i.seats
            FROM issuances i WHERE i.sku = $1 AND i.status = 'held' AND i.expires_at IS NOT NULL
          UNION ALL
          SELECT p.claim_id, p.user_id, p.quantity,
-                (extract(epoch FROM p.expires_at) * 1000)::bigint, p.offer, p.claim_status
+                (extract(epoch FROM p.expires_at) * 1000)::bigint, p.offer, p.claim_status,
+                p.seats
            FROM persistence_pending p
           WHERE p.sku = $1 AND p.expires_at IS NOT NULL
             AND p.status IN ('pending', 'reprocessing')",
@@ -93,7 +97,7 @@ pub(super) async fn stage(
             }
         }
         let id = h.claim_id.to_string();
-        let rec = format!(
+        let mut rec = format!(
             "{}|{}|{}|{}|{}|{}",
             h.status,
             h.quantity,
@@ -102,6 +106,16 @@ pub(super) async fn stage(
             h.user_id.len(),
             h.user_id
         );
+        if let (Some(plan), Some(seats)) = (plan, &h.seats) {
+            // lib/lifecycle.lua's pack_hold: the seats and their bits, so its end frees
+            // exactly them.
+            let bits: Vec<String> = seats
+                .iter()
+                .filter_map(|id| plan.bit_of(id).ok().map(|b| format!("{b}:{id}")))
+                .collect();
+            rec.push('|');
+            rec.push_str(&bits.join(","));
+        }
         let shard = home(&h.user_id);
         let pipe = pipes.add(shard);
         pipe.hset(shards[shard].holds(), &id, rec).ignore();

@@ -128,7 +128,8 @@ pub async fn restore(
     let staged: Vec<String> = keys.iter().map(|k| k.users_restore(&restore_id)).collect();
     let (units, users, given) = stage_live_claims(store, &mut con, &keys, &staged, db, sku).await?;
     stage_ended_records(store, &mut con, &keys, db, sku).await?;
-    let wl_order = lifecycle::stage(store, &mut con, &keys, db, sku, &given).await?;
+    let wl_order =
+        lifecycle::stage(store, &mut con, &keys, db, sku, &given, row.plan.as_deref()).await?;
     // A seated SKU's map, while claims are closed: no seat sold before is free again.
     if let Some(plan) = &row.plan {
         seats::rebuild_map(store, &mut con, &keys[0], db, sku, plan, &given).await?;

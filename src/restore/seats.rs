@@ -27,7 +27,14 @@ pub(super) async fn rebuild_map(
         .fetch_all(db)
         .await?;
     let parked: Vec<(uuid::Uuid, Vec<String>)> = sqlx::query_as(
-        "SELECT claim_id, seats FROM persistence_pending WHERE sku = $1 AND seats IS NOT NULL",
+        // The parked claims the restore counts live (src/restore/claims.rs): still with the
+        // reprocessor, not ended in Redis before they were written (a hold that expired or was
+        // cancelled gave its seats back then). Before, every parked row's seats were marked
+        // taken, resolved and ended ones too: seats nobody held, left out of the stock for
+        // good (the gateway model's seated SKU, MODEL_SEED=1111).
+        "SELECT claim_id, seats FROM persistence_pending
+          WHERE sku = $1 AND seats IS NOT NULL AND status IN ('pending', 'reprocessing')
+            AND claim_status NOT IN ('cancelled', 'expired')",
     )
     .bind(sku)
     .fetch_all(db)

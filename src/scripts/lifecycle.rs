@@ -276,7 +276,6 @@ fn compensate_call<'a>(
     }
     inv.key(keys.compensation(&claim.claim_id))
         .key(keys.idempotency())
-        .key(keys.seats())
         .arg(mode)
         .arg(owner.to_string())
         .arg(claim.user)

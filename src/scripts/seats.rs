@@ -101,15 +101,18 @@ fn digest(s: &str) -> String {
 /// The script's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SeatOutcome {
+    /// `expires_ms`: a hold's expiry on Redis's clock (a SKU that holds its claims).
     Won {
         remaining: i64,
         seats: Vec<String>,
+        expires_ms: Option<i64>,
     },
     /// The same request under the same key won before: its claim and seats.
     Replay {
         claim_id: Uuid,
         remaining: i64,
         seats: Vec<String>,
+        expires_ms: Option<i64>,
     },
     Reused,
     Limit {
@@ -151,6 +154,9 @@ pub async fn claim_seats<C: ConnectionLike>(
         .key(keys.journal())
         .key(keys.seats())
         .key(keys.idempotency())
+        .key(keys.holds())
+        .key(keys.expiry())
+        .key(keys.claim(claim_id))
         .arg(now_ms)
         .arg(floor)
         .arg(claim_id.to_string())
@@ -161,6 +167,7 @@ pub async fn claim_seats<C: ConnectionLike>(
         .arg(field.unwrap_or_default())
         .arg(idempotency_key.unwrap_or(""))
         .arg(&ask.print)
+        .arg(crate::config::CLAIM_RECORD_TTL_SECS)
         .invoke_async(con)
         .await?;
     parse(&reply).ok_or_else(|| StoreError::Protocol(format!("claim_seats.lua: {reply:?}")))
@@ -181,14 +188,21 @@ fn parse(reply: &[Value]) -> Option<SeatOutcome> {
     Some(match words.first()?.as_str() {
         "won" => SeatOutcome::Won {
             remaining: num(1)?,
-            seats: words[2..].to_vec(),
+            expires_ms: num(2).filter(|e| *e > 0),
+            seats: words.get(3..)?.to_vec(),
         },
         "replay" => {
-            let mut it = words.get(1)?.splitn(4, '|').skip(1);
+            // "fingerprint|claim_id|remaining|ids|expires_ms" (a record written before holds
+            // had no expiry: 0).
+            let mut it = words.get(1)?.splitn(5, '|').skip(1);
             SeatOutcome::Replay {
                 claim_id: it.next()?.parse().ok()?,
                 remaining: it.next()?.parse().ok()?,
                 seats: it.next()?.split(',').map(str::to_string).collect(),
+                expires_ms: match it.next() {
+                    Some(e) => Some(e.parse::<i64>().ok()?).filter(|e| *e > 0),
+                    None => None,
+                },
             }
         }
         "reused" => SeatOutcome::Reused,

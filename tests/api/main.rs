@@ -49,6 +49,7 @@ mod scope;
 mod script_findings;
 mod seat_map;
 mod seats;
+mod seats_holds;
 mod seats_parked;
 mod services;
 mod shards;

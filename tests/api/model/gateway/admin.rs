@@ -44,8 +44,13 @@ pub async fn restock(cx: &Ctx<'_>, rng: &mut StdRng) -> Result<(), String> {
         .json(&json!({ "delta": delta }))
         .send()
         .await;
-    let allowed = [(200, ""), (409, "insufficient_stock"), (503, "*")];
-    expect(cx, "restock", r, &allowed).await.map(|_| ())
+    // A seated SKU grows by its plan, never by a count.
+    let allowed: &[(u16, &str)] = if super::seats::seated(sku) {
+        &[(409, "seated_sku"), (503, "*")]
+    } else {
+        &[(200, ""), (409, "insufficient_stock"), (503, "*")]
+    };
+    expect(cx, "restock", r, allowed).await.map(|_| ())
 }
 
 pub async fn restore(cx: &Ctx<'_>, rng: &mut StdRng) -> Result<(), String> {
@@ -88,8 +93,9 @@ pub async fn terms(cx: &Ctx<'_>, rng: &mut StdRng) -> Result<(), String> {
         let h = choices[rng.random_range(0..choices.len())];
         (h, choices[rng.random_range(0..choices.len())].max(1))
     };
-    let body = json!({"total": total, "per_user_limit": limit, "hold_seconds": hold,
+    let mut body = json!({"total": total, "per_user_limit": limit, "hold_seconds": hold,
                       "offer_seconds": offer, "shards": s.shards});
+    super::seats::declare_extra(s.name, &mut body);
     let r = cx
         .http
         .put(format!("{}/admin/skus/{}", cx.base, s.name))

@@ -326,5 +326,7 @@ pub async fn check_ledger(
             }
         }
     }
+    // 6. No seat in two live claims; Redis's seat map is the ledger's live seats.
+    super::seats::check_final(probe).await?;
     Ok(())
 }

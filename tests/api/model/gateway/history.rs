@@ -64,6 +64,10 @@ pub struct History {
     pub answers: std::collections::BTreeMap<String, usize>,
     /// The waiting room's tickets and readings (`queue.rs`).
     pub queue: super::queue::Tickets,
+    /// The seated SKU's keys per user with the body sent under each, for replays, and the
+    /// seats each claim won as its first 201 told them (`seats.rs`).
+    pub seat_keys: HashMap<String, Vec<(String, serde_json::Value)>>,
+    pub seats_won: HashMap<Uuid, Vec<String>>,
 }
 
 impl History {

@@ -4,7 +4,8 @@
 //! stream of every operation (`ops.rs`: claims of one unit and several with fresh keys, replays
 //! and none, tokens with and without `sku` and for another SKU; confirms, cancels and holds
 //! left to expire; waitlist joins, reads, leaves, offers claimed or left to lapse; restocks up
-//! and down, restores, changes of terms; a SKU of four shards) from concurrent clients; the
+//! and down, restores, changes of terms; a SKU of four shards; a seated SKU's exact and
+//! best-available claims and holds, `seats.rs`) from concurrent clients; the
 //! seeded nemesis (`../nemesis`); and rows refused by a trigger until compensated.
 //!
 //! Every answer is checked as it comes (only the contract's statuses and codes), the state
@@ -20,6 +21,7 @@ pub mod lifecycle;
 pub mod monitor;
 pub mod ops;
 pub mod queue;
+pub mod seats;
 pub mod skus;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -147,6 +149,7 @@ async fn the_gateway_keeps_every_invariant_under_seeded_faults() {
         let mut body = json!({"total": s.total, "per_user_limit": s.limit, "hold_seconds": s.hold,
                           "offer_seconds": s.offer, "shards": s.shards});
         queue::declare_extra(s.name, &mut body);
+        seats::declare_extra(s.name, &mut body);
         let r = crate::lifecycle::declare_with(&admin, s.name, body).await;
         assert_eq!(r.status(), 201, "declare {}", s.name);
     }
@@ -157,12 +160,13 @@ async fn the_gateway_keeps_every_invariant_under_seeded_faults() {
     let (bases, gate) = (nemesis.bases.clone(), nemesis.gate.clone());
     let mut clients = Vec::new();
     for _ in 0..CLIENTS {
-        let (bases, history, next, gate, knobs) = (
+        let (bases, history, next, gate, knobs, probe) = (
             bases.clone(),
             history.clone(),
             next.clone(),
             gate.clone(),
             knobs.clone(),
+            probe.clone(),
         );
         clients.push(tokio::spawn(async move {
             let http = reqwest::Client::builder()
@@ -188,6 +192,7 @@ async fn the_gateway_keeps_every_invariant_under_seeded_faults() {
                     base: &base,
                     history: &history,
                     knobs: &knobs,
+                    probe: Some(&probe),
                 };
                 ops::step(&cx, &mut rng, step)
                     .await

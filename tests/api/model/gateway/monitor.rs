@@ -268,8 +268,18 @@ pub async fn monitor(
         .timeout(Duration::from_secs(2))
         .build()
         .map_err(|e| e.to_string())?;
+    let mut seats_off = 0;
     while !done.load(Ordering::Relaxed) {
         tokio::time::sleep(Duration::from_millis(500)).await;
+        // Twice in a row: a restore rewrites the map just before the state it reads with.
+        match super::seats::monitor_once(&probe).await {
+            Ok(()) => seats_off = 0,
+            Err(e) if seats_off > 0 => return Err(e),
+            Err(e) => {
+                eprintln!("monitor: {e}");
+                seats_off += 1;
+            }
+        }
         for s in super::skus::SKUS {
             let Some((v, reading)) = view(&http, &bases, s.name).await else {
                 continue;

@@ -23,6 +23,8 @@ pub struct Ctx<'a> {
     pub base: &'a str,
     pub history: &'a Mutex<History>,
     pub knobs: &'a Knobs,
+    /// Direct reads, to say what Redis held when an answer broke the rules.
+    pub probe: Option<&'a crate::helpers::Probe>,
 }
 
 /// An answer: status (0 when the connection failed: the gateway was killed mid-request, the
@@ -126,6 +128,9 @@ async fn claim(cx: &Ctx<'_>, rng: &mut StdRng, step: u64) -> Result<(), String> 
     if super::queue::queued(sku) {
         // Its claims take its queue's tokens: the waiting room's operations.
         return super::queue::step(cx, rng, step).await;
+    }
+    if super::seats::seated(sku) {
+        return super::seats::claim(cx, rng, step).await;
     }
     let user = buyer(rng, sku);
     let token = own_token(rng, &user, sku);

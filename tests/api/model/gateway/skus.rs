@@ -69,6 +69,17 @@ pub const SKUS: &[Spec] = &[
         shards: 1,
         users: 150,
     },
+    // Reserved seating (`seats.rs`): thirty seats held for 2 s, bought by exact seats and
+    // best available; sells out, and seats come back as holds end.
+    Spec {
+        name: "t0",
+        total: 30,
+        limit: 4,
+        hold: 2,
+        offer: 2,
+        shards: 1,
+        users: 60,
+    },
 ];
 
 pub fn spec(sku: &str) -> &'static Spec {
