@@ -149,44 +149,55 @@ else
     return best or any, largest
   end
   local largest, free_total = 0, 0
+  -- A row with no free seat is skipped unread: string.find scans the span for the next byte
+  -- with a free bit at C speed, so the full rows in front of a filling hall (best rows sell
+  -- first) cost a comparison each instead of a decode of every seat. `next_free` is that byte
+  -- (1-based in `span`; #span + 1: none left in the span, where missing bytes are free).
+  local next_free = 0
   for _, r in ipairs(rows) do
     local o, c, p = r[1], r[2], r[3]
-    local free = free_of(o, c)
-    if mode == 'b' then
-      local s, l = best_in_row(free, c)
-      if l > largest then
-        largest = l
-      end
-      if s then
-        for k = s, s + n - 1 do
-          bits[#bits + 1], ids[#ids + 1] = o + k - 1, p .. k
+    local lo, hi = math.floor((o - base) / 8) + 1, math.floor((o + c - 1 - base) / 8) + 1
+    if next_free < lo then
+      next_free = string.find(span, '[^\255]', lo) or (#span + 1)
+    end
+    local free = next_free <= hi and free_of(o, c)
+    if free then
+      if mode == 'b' then
+        local s, l = best_in_row(free, c)
+        if l > largest then
+          largest = l
         end
-        break
+        if s then
+          for k = s, s + n - 1 do
+            bits[#bits + 1], ids[#ids + 1] = o + k - 1, p .. k
+          end
+          break
+        end
+      else
+        -- Any seats: this row's free seats nearest its middle first (ties: the lower number).
+        local order = {}
+        for i = 1, c do
+          if free[i] then
+            order[#order + 1] = i
+          end
+        end
+        table.sort(order, function(x, y)
+          local dx, dy = math.abs(2 * x - c - 1), math.abs(2 * y - c - 1)
+          return dx < dy or (dx == dy and x < y)
+        end)
+        for _, i in ipairs(order) do
+          if #bits < n then
+            bits[#bits + 1], ids[#ids + 1] = o + i - 1, p .. i
+          end
+        end
+        if #bits == n then
+          break
+        end
       end
-    else
-      -- Any seats: this row's free seats nearest its middle first (ties: the lower number).
-      local order = {}
       for i = 1, c do
         if free[i] then
-          order[#order + 1] = i
+          free_total = free_total + 1
         end
-      end
-      table.sort(order, function(x, y)
-        local dx, dy = math.abs(2 * x - c - 1), math.abs(2 * y - c - 1)
-        return dx < dy or (dx == dy and x < y)
-      end)
-      for _, i in ipairs(order) do
-        if #bits < n then
-          bits[#bits + 1], ids[#ids + 1] = o + i - 1, p .. i
-        end
-      end
-      if #bits == n then
-        break
-      end
-    end
-    for i = 1, c do
-      if free[i] then
-        free_total = free_total + 1
       end
     end
   end
