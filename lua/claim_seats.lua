@@ -21,7 +21,8 @@
 -- ARGV[5]  mode: "x" exact seats, "b" best available adjacent, "f" best available, any seats
 -- ARGV[6]  n, the number of seats
 -- ARGV[7]  mode b/f: the candidate rows in order (best first), "offset:count:prefix;..."
---          (prefix "A-1-": a seat's id is prefix .. its number); mode x: the seats,
+--          (prefix "A-1-": a seat's id is prefix .. its number; searched by lib/seats.lua,
+--          prepended with lib/fresh.lua); mode x: the seats,
 --          "bit:id;bit:id;..."
 -- ARGV[8]  the idempotency record's field (src/keys.rs `idempotency_field`), "" for none
 -- ARGV[9]  the Idempotency-Key ("" for none)
@@ -100,115 +101,15 @@ if mode == 'x' then
     return {'taken', unpack(taken)}
   end
 else
-  local rows = {}
-  for o, c, p in string.gmatch(ARGV[7], '(%d+):(%d+):([^;]*)') do
-    rows[#rows + 1] = {tonumber(o), tonumber(c), p}
-  end
-  local first = rows[1][1]
-  local last = rows[#rows][1] + rows[#rows][2] - 1
-  local base = math.floor(first / 8) * 8
-  local span = redis.call('GETRANGE', map, math.floor(first / 8), math.floor(last / 8))
-  -- The row's free seats, 1-based: free[i] is seat i.
-  local function free_of(o, c)
-    local free = {}
-    for i = 1, c do
-      local at = o + i - 1 - base
-      local byte = string.byte(span, math.floor(at / 8) + 1) or 0
-      free[i] = math.floor(byte / 2 ^ (7 - at % 8)) % 2 == 0
+  local found, free, largest = seat_search(map, ARGV[7], mode, n)
+  if not found then
+    if largest then
+      return {'no_adjacent', largest}
     end
-    return free
+    return {'sold_out', free}
   end
-  -- The best start of n adjacent seats in a row (nil: none), and the row's largest block.
-  -- Twice the distance of a run's middle from the row's middle: |2s + n - 1 - (c + 1)|.
-  local function best_in_row(free, c)
-    local best, bestd, any, anyd, largest = nil, nil, nil, nil, 0
-    local i = 1
-    while i <= c do
-      if free[i] then
-        local a = i
-        while i <= c and free[i] do
-          i = i + 1
-        end
-        local b = i - 1
-        if b - a + 1 > largest then
-          largest = b - a + 1
-        end
-        for s = a, b - n + 1 do
-          local d = math.abs(2 * s + n - 2 - c)
-          if s - a ~= 1 and b - s - n + 1 ~= 1 and (not bestd or d < bestd) then
-            best, bestd = s, d
-          end
-          if not anyd or d < anyd then
-            any, anyd = s, d
-          end
-        end
-      else
-        i = i + 1
-      end
-    end
-    return best or any, largest
-  end
-  local largest, free_total = 0, 0
-  -- A row with no free seat is skipped unread: string.find scans the span for the next byte
-  -- with a free bit at C speed, so the full rows in front of a filling hall (best rows sell
-  -- first) cost a comparison each instead of a decode of every seat. `next_free` is that byte
-  -- (1-based in `span`; #span + 1: none left in the span, where missing bytes are free).
-  local next_free = 0
-  for _, r in ipairs(rows) do
-    local o, c, p = r[1], r[2], r[3]
-    local lo, hi = math.floor((o - base) / 8) + 1, math.floor((o + c - 1 - base) / 8) + 1
-    if next_free < lo then
-      next_free = string.find(span, '[^\255]', lo) or (#span + 1)
-    end
-    local free = next_free <= hi and free_of(o, c)
-    if free then
-      if mode == 'b' then
-        local s, l = best_in_row(free, c)
-        if l > largest then
-          largest = l
-        end
-        if s then
-          for k = s, s + n - 1 do
-            bits[#bits + 1], ids[#ids + 1] = o + k - 1, p .. k
-          end
-          break
-        end
-      else
-        -- Any seats: this row's free seats nearest its middle first (ties: the lower number).
-        local order = {}
-        for i = 1, c do
-          if free[i] then
-            order[#order + 1] = i
-          end
-        end
-        table.sort(order, function(x, y)
-          local dx, dy = math.abs(2 * x - c - 1), math.abs(2 * y - c - 1)
-          return dx < dy or (dx == dy and x < y)
-        end)
-        for _, i in ipairs(order) do
-          if #bits < n then
-            bits[#bits + 1], ids[#ids + 1] = o + i - 1, p .. i
-          end
-        end
-        if #bits == n then
-          break
-        end
-      end
-      for i = 1, c do
-        if free[i] then
-          free_total = free_total + 1
-        end
-      end
-    end
-  end
-  if #bits < n then
-    if mode == 'f' or free_total < n then
-      return {'sold_out', free_total}
-    end
-    return {'no_adjacent', largest}
-  end
+  bits, ids = found, free
 end
-
 for _, b in ipairs(bits) do
   redis.call('SETBIT', map, b, 1)
 end

@@ -58,7 +58,7 @@ local fields = { 's', change_record(id, 'confirmed', h.qty, now, seq) }
 if h.offer == '1' then
   local e = unpack_entry(redis.call('HGET', KEYS[7], id))
   if e then
-    redis.call('HSET', KEYS[7], id, pack_entry('claimed', e.order, e.ms, e.user))
+    redis.call('HSET', KEYS[7], id, pack_entry('claimed', e.order, e.ms, e.user, e.qty))
     fields[3] = 'w'
     fields[4] = entry_record(id, e, 'claimed', now, seq)
     if redis.call('HGET', KEYS[8], e.user) == id then

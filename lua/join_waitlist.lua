@@ -10,13 +10,16 @@
 --            the entry's join order, comparable across the SKU's lines; "" on a SKU of one
 --            shard (the order is this line's next)
 -- ARGV[5]    floor: the ledger's mark and incarnation (see lib/fresh.lua)
+-- ARGV[6]    the units the entry waits for (optional, 1): a seated SKU's entry is offered the
+--            best seats for it (lib/lifecycle.lua offer_seats)
 --
 -- Returns {code, entry_id, position}:
 --   1  joined now: the new entry and its place in line (1 = next to be offered)
 --   2  the user already has an entry that is waiting or offered: that entry and its place
 --      (0 when offered)
---   3  units remain: buy them instead (nothing changes)
---   4  the user already holds its per-user limit (nothing changes)
+--   3  units remain (at least the entry's quantity): buy them instead (nothing changes)
+--   4  the user's units and the entry's quantity would pass its per-user limit (nothing
+--      changes)
 --   5  the sale window has not opened, 6 it has closed (nothing changes)
 --  -1  the SKU state is missing, -3 stale or older than the floor (fail closed)
 --
@@ -29,6 +32,7 @@
 -- stock: see src/shards/line.rs); the per-user count it checks is the one every claim of the
 -- user moves, and the offers made here are counted in it too.
 local eid, user = ARGV[1], ARGV[2]
+local qty = tonumber(ARGV[6] or '1') or 1
 local unfit = state_unfit(ARGV[5])
 if unfit then
   return {unfit == 'lost' and -1 or -3, '', 0}
@@ -52,19 +56,19 @@ end
 if head[6] and now >= tonumber(head[6]) then
   return {6, '', 0}
 end
-if tonumber(head[1]) > 0 or ARGV[3] == '1' then
+if tonumber(head[1]) >= qty or ARGV[3] == '1' then
   return {3, '', 0}
 end
-if tonumber(redis.call('HGET', KEYS[2], user) or '0') >= tonumber(head[2]) then
+if tonumber(redis.call('HGET', KEYS[2], user) or '0') + qty > tonumber(head[2]) then
   return {4, '', 0}
 end
 local order = tonumber(ARGV[4] or '')
 if not order then
   order = redis.call('HINCRBY', KEYS[1], 'wl_order', 1)
 end
-local e = { order = order, ms = now, user = user }
+local e = { order = order, ms = now, user = user, qty = qty }
 redis.call('ZADD', KEYS[6], order, eid)
-redis.call('HSET', KEYS[7], eid, pack_entry('waiting', order, now, user))
+redis.call('HSET', KEYS[7], eid, pack_entry('waiting', order, now, user, qty))
 redis.call('HSET', KEYS[8], user, eid)
 local seq = bump(tonumber(head[3]))
 redis.call('XADD', KEYS[3], '*', 'w', entry_record(eid, e, 'waiting', now, seq))

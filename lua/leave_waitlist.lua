@@ -43,7 +43,7 @@ if e.status == 'offered' then
   end
 end
 redis.call('ZREM', KEYS[6], eid)
-redis.call('HSET', KEYS[7], eid, pack_entry('left', e.order, e.ms, e.user))
+redis.call('HSET', KEYS[7], eid, pack_entry('left', e.order, e.ms, e.user, e.qty))
 if redis.call('HGET', KEYS[8], e.user) == eid then
   redis.call('HDEL', KEYS[8], e.user)
 end

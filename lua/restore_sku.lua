@@ -18,7 +18,9 @@
 -- KEYS[6]  (a shard of a sharded SKU only) the shard's transfers not yet done, dropped: the
 --          stock is rebuilt from the ledger, units in transit included
 -- ARGV[11] (with KEYS[6]) the generation stamped on the state (`gen`), so no transfer begun
---          before this restore is ever applied to it (lua/transfer_in.lua)
+--          before this restore is ever applied to it (lua/transfer_in.lua); "" otherwise
+-- ARGV[12] (optional) a seated SKU's rows, "offset:count:prefix;..." (lua/seat_rows.lua):
+--          written with the state, so no offer is ever made on it without them
 --
 -- The state's incarnation (`inc`, see lib/fresh.lua) is Redis's now: above every incarnation
 -- a rotation of the state it replaces could still get recorded, so no gateway's floor is
@@ -57,6 +59,7 @@ if KEYS[6] then
   redis.call('DEL', KEYS[6])
   redis.call('HSET', state, 'gen', ARGV[11], 'transfer_out', 0)
 end
+if ARGV[12] and ARGV[12] ~= '' then redis.call('HSET', state, 'rows', ARGV[12]) end
 if ARGV[8] ~= '' then redis.call('HSET', state, 'opens_ms', ARGV[8]) end
 if ARGV[9] ~= '' then redis.call('HSET', state, 'closes_ms', ARGV[9]) end
 -- Units may be back: every gateway's sold-out cache forgets this SKU (src/soldout/).

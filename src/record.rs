@@ -122,6 +122,22 @@ impl IdemRecord {
     }
 }
 
+/// A waitlist record's tail, `user` of `len` bytes then `|quantity` when the entry waits for
+/// more than one unit (`lua/lib/lifecycle.lua` pack_entry): the user and the quantity (1 when
+/// absent).
+pub fn user_and_quantity(tail: &str, len: usize) -> Option<(&str, u32)> {
+    let user = tail.get(..len)?;
+    let quantity = match tail.get(len..)? {
+        "" => 1,
+        rest => rest
+            .strip_prefix('|')?
+            .parse()
+            .ok()
+            .filter(|q: &u32| *q > 1)?,
+    };
+    Some((user, quantity))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,5 +194,14 @@ mod tests {
         assert!(ClaimRecord::parse("void").is_none());
         assert!(ClaimRecord::parse(&format!("{id}|1|1|0|1|9|u")).is_none());
         assert!(ClaimRecord::parse(&format!("{id}|0|1|0|1|1|u")).is_none());
+    }
+
+    #[test]
+    fn a_waitlist_tail_carries_its_quantity_only_above_one() {
+        assert_eq!(super::user_and_quantity("a|b", 3), Some(("a|b", 1)));
+        assert_eq!(super::user_and_quantity("a|b|4", 3), Some(("a|b", 4)));
+        assert_eq!(super::user_and_quantity("a|b|1", 3), None);
+        assert_eq!(super::user_and_quantity("a|bx4", 3), None);
+        assert_eq!(super::user_and_quantity("a|", 3), None);
     }
 }

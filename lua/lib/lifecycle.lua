@@ -44,32 +44,98 @@ local function unpack_hold(rec)
            seats = string.sub(rest, tonumber(len) + 2) }
 end
 
--- A waitlist entry: "status|order|joined_ms|len(user)|user".
-local function pack_entry(status, order, ms, user)
-  return status .. '|' .. order .. '|' .. ms .. '|' .. #user .. '|' .. user
+-- A waitlist entry: "status|order|joined_ms|len(user)|user", and "|quantity" when it waits
+-- for more than one unit (a seated SKU's entry asks for the best seats for N).
+local function pack_entry(status, order, ms, user, qty)
+  local rec = status .. '|' .. order .. '|' .. ms .. '|' .. #user .. '|' .. user
+  if qty and qty > 1 then
+    rec = rec .. '|' .. qty
+  end
+  return rec
 end
 
 local function unpack_entry(rec)
   if not rec then return nil end
   local status, order, ms, len, rest = string.match(rec, '^(%a+)|(%d+)|(%d+)|(%d+)|(.*)$')
   if not status then return nil end
+  len = tonumber(len)
   return { status = status, order = tonumber(order), ms = tonumber(ms),
-           user = string.sub(rest, 1, tonumber(len)) }
+           user = string.sub(rest, 1, len),
+           qty = tonumber(string.match(string.sub(rest, len + 1), '^|(%d+)$') or '1') }
 end
 
 -- Journal records of a status change ("claim_id|status|quantity|ms|seq") and of a waitlist
--- change ("entry_id|status|order|ms|seq|len(user)|user").
+-- change ("entry_id|status|order|ms|seq|len(user)|user", and "|quantity" as in pack_entry).
 local function change_record(id, status, qty, ms, seq)
   return id .. '|' .. status .. '|' .. qty .. '|' .. ms .. '|' .. seq
 end
 
 local function entry_record(id, e, status, ms, seq)
-  return id .. '|' .. status .. '|' .. e.order .. '|' .. ms .. '|' .. seq .. '|' .. #e.user
+  local rec = id .. '|' .. status .. '|' .. e.order .. '|' .. ms .. '|' .. seq .. '|' .. #e.user
     .. '|' .. e.user
+  if e.qty and e.qty > 1 then
+    rec = rec .. '|' .. e.qty
+  end
+  return rec
 end
 
 local function bump(seq)
   return seq + 1
+end
+
+-- On a seated SKU (its rows spec in the state's `rows`, written by declare and restore): offers
+-- the seats that came back, with the open stock's, to the entries in line order, each entry the
+-- best seats for its quantity (adjacent in one row when a row has them, else the best free
+-- seats: lib/seats.lua). An entry asking for more seats than are free keeps its place and the
+-- next one that fits is offered (the seats never leave the line while an entry can take them;
+-- docs/seats.md). Reads at most the first 100 entries. Returns `units` less the seats offered
+-- (below 0 when offers took open stock too) and `seq`.
+local function offer_seats(units, now, seq, spec)
+  local K = KEYS
+  local cfg = redis.call('HMGET', K[1], 'limit', 'offer_ms', 'stock')
+  local limit, offer_ms, stock = tonumber(cfg[1]), tonumber(cfg[2] or '0'), tonumber(cfg[3])
+  -- The map's free seats: the stock, and the seats given back whose bits are already clear.
+  local free = stock + units
+  for _, eid in ipairs(redis.call('ZRANGE', K[6], 0, 99)) do
+    if free <= 0 then break end
+    local e = unpack_entry(redis.call('HGET', K[7], eid))
+    if not e or e.status ~= 'waiting' then
+      redis.call('ZREM', K[6], eid)
+    elseif tonumber(redis.call('HGET', K[2], e.user) or '0') + e.qty > limit then
+      redis.call('ZREM', K[6], eid)
+      seq = bump(seq)
+      redis.call('HSET', K[7], eid, pack_entry('expired', e.order, e.ms, e.user, e.qty))
+      redis.call('XADD', K[3], '*', 'w', entry_record(eid, e, 'expired', now, seq))
+    elseif e.qty <= free then
+      local bits, ids = seat_search(K[9], spec, 'b', e.qty)
+      if not bits then
+        bits, ids = seat_search(K[9], spec, 'f', e.qty)
+      end
+      if bits then
+        redis.call('ZREM', K[6], eid)
+        seq = bump(seq)
+        local pairs_ = {}
+        for i, b in ipairs(bits) do
+          redis.call('SETBIT', K[9], b, 1)
+          pairs_[i] = b .. ':' .. ids[i]
+        end
+        free = free - e.qty
+        local expires = now + offer_ms
+        redis.call('HINCRBY', K[2], e.user, e.qty)
+        redis.call('HSET', K[4], eid,
+          pack_hold('held', e.qty, expires, 1, e.user, table.concat(pairs_, ',')))
+        redis.call('ZADD', K[5], expires, eid)
+        redis.call('HSET', K[7], eid, pack_entry('offered', e.order, e.ms, e.user, e.qty))
+        local win = 'h|' .. expires .. '|' .. eid .. '|' .. e.qty .. '|' .. now .. '|' .. free
+          .. '|' .. seq .. '|' .. #e.user .. '|' .. e.user
+        redis.call('XADD', K[3], '*', 'c', win, 'z', table.concat(ids, ','),
+          'w', entry_record(eid, e, 'offered', now, seq))
+        redis.call('HINCRBY', K[1], 'inflight', e.qty)
+        units = units - e.qty
+      end
+    end
+  end
+  return units, seq
 end
 
 -- Offers up to `units` to the head of the line, one unit an entry, in line order. `seq` is
@@ -77,6 +143,15 @@ end
 -- after every journal entry written here. The caller writes `seq` to the state.
 local function offer_line(units, now, seq)
   local K = KEYS
+  local spec = redis.call('HGET', K[1], 'rows')
+  if spec then
+    return offer_seats(units, now, seq, spec)
+  end
+  -- A seated SKU whose rows Redis does not know (lua/seat_rows.lua) offers nothing: an offer
+  -- without seats would hold a unit no seat carries.
+  if redis.call('EXISTS', K[9]) == 1 then
+    return units, seq
+  end
   local cfg = redis.call('HMGET', K[1], 'limit', 'offer_ms', 'stock')
   local limit, offer_ms, stock = tonumber(cfg[1]), tonumber(cfg[2] or '0'), tonumber(cfg[3])
   while units > 0 do
@@ -90,7 +165,7 @@ local function offer_line(units, now, seq)
       seq = bump(seq)
       if held + 1 > limit then
         -- The user reached its limit since joining: the entry ends, the unit goes on.
-        redis.call('HSET', K[7], eid, pack_entry('expired', e.order, e.ms, e.user))
+        redis.call('HSET', K[7], eid, pack_entry('expired', e.order, e.ms, e.user, e.qty))
         redis.call('XADD', K[3], '*', 'w', entry_record(eid, e, 'expired', now, seq))
       else
         local expires = now + offer_ms
@@ -113,7 +188,10 @@ end
 -- Adds `units` to open stock and tells every gateway's sold-out cache to forget this SKU
 -- (src/soldout/).
 local function to_stock(units)
-  if units > 0 then
+  if units < 0 then
+    -- Seated offers took open seats too (offer_seats): they leave the stock.
+    redis.call('HINCRBY', KEYS[1], 'stock', units)
+  elseif units > 0 then
     redis.call('HINCRBY', KEYS[1], 'stock', units)
     redis.call('PUBLISH', (string.gsub(KEYS[1], '{[^{]*$', 'units-back')), KEYS[1])
   end
@@ -169,7 +247,7 @@ local function end_hold(id, h, status, now, seq, entry_end)
     local e = unpack_entry(redis.call('HGET', K[7], id))
     if e and e.status == 'offered' then
       local ended = entry_end or 'expired'
-      redis.call('HSET', K[7], id, pack_entry(ended, e.order, e.ms, e.user))
+      redis.call('HSET', K[7], id, pack_entry(ended, e.order, e.ms, e.user, e.qty))
       fields[#fields + 1] = 'w'
       fields[#fields + 1] = entry_record(id, e, ended, now, seq)
       if redis.call('HGET', K[8], e.user) == id then

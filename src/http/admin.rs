@@ -255,7 +255,7 @@ pub(super) async fn restock(
         .ok_or(ApiError::UnknownSku)?;
     if sku_row.seats.is_some() {
         // A seated SKU's total is its seat plan: a restock would add units no seat carries.
-        return Err(ApiError::SeatedSku(false));
+        return Err(ApiError::SeatedSku);
     }
     if sku_row.total.saturating_add(delta) > MAX_UNITS {
         return Err(ApiError::BadRequest(format!(

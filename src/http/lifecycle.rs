@@ -4,13 +4,14 @@
 use hyper::body::Incoming;
 use hyper::header::AUTHORIZATION;
 use hyper::{Request, Response, StatusCode};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::handler::{check_sku, header, json, known_sku, Result};
+use super::handler::{check_sku, header, json, known_sku, parse, Result};
 use super::problem::{ApiError, Body};
 use super::AppState;
 use crate::auth::{AuthError, Buyer};
+use crate::catalog::Sku;
 use crate::lifecycle::holds::{self, HoldAnswer, HoldOp};
 use crate::lifecycle::waitlist::{self, Joined, Left};
 use crate::status::{ClaimStatus, EntryStatus};
@@ -119,12 +120,44 @@ struct JoinResponse {
     status: EntryStatus,
 }
 
+/// A join's body: `{"quantity": N}` on a seated SKU (the seats its offer holds, best
+/// available); empty, or a quantity of 1, elsewhere (an offer there is one unit).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JoinBody {
+    quantity: Option<i64>,
+}
+
+fn join_quantity(entry: &Sku, body: &[u8]) -> Result<u32> {
+    let asked = if body.is_empty() {
+        None
+    } else {
+        parse::<JoinBody>(body)?.quantity
+    };
+    let q = asked.unwrap_or(1);
+    if entry.plan.is_none() {
+        if q != 1 {
+            return Err(ApiError::BadRequest(
+                "quantity: a waitlist offer on a SKU without seats is one unit".into(),
+            ));
+        }
+        return Ok(1);
+    }
+    let limit = i64::from(entry.per_user_limit);
+    if !(1..=limit).contains(&q) {
+        return Err(ApiError::BadRequest(format!(
+            "quantity must be between 1 and {limit} (the per-user limit)"
+        )));
+    }
+    Ok(q as u32)
+}
+
 pub(super) async fn join_waitlist(
     state: &AppState,
     sku: &str,
-    req: &Request<Incoming>,
+    req: Request<Incoming>,
 ) -> Result<Response<Body>> {
-    let buyer = caller(state, req)?.ok_or_else(|| {
+    let buyer = caller(state, &req)?.ok_or_else(|| {
         ApiError::BadRequest("joining a waitlist takes a buyer's admission token".into())
     })?;
     if !buyer.may_act_on(sku) {
@@ -132,11 +165,8 @@ pub(super) async fn join_waitlist(
     }
     let sku = check_sku(sku)?;
     let entry = known_sku(state, sku).await?;
-    if entry.seats.is_some() {
-        // Offers would need the best available seats for each entry's quantity (API.md): not
-        // built yet, and a seatless offer would take a unit no seat carries (docs/seats.md).
-        return Err(ApiError::SeatedSku(true));
-    }
+    let body = super::limits::read_body(req, crate::config::MAX_BODY_BYTES).await?;
+    let quantity = join_quantity(&entry, &body)?;
     // The line's head is offered the units that come back before the queue admits anyone: on
     // a queued SKU it is a way to a unit like the claim route, and takes the same tokens.
     // A visitor token (no `tid`) is taken from a visitor with a ticket on this SKU: the one
@@ -149,14 +179,15 @@ pub(super) async fn join_waitlist(
         (false, false) => {}
     }
     let user = buyer.user;
-    let (status, entry_id, position) = match waitlist::join(&state.store, &entry, &user).await? {
-        Joined::New { entry_id, position } => (StatusCode::CREATED, entry_id, position),
-        Joined::Existing { entry_id, position } => (StatusCode::OK, entry_id, position),
-        Joined::InStock => return Err(ApiError::InStock),
-        Joined::LimitReached => return Err(ApiError::LimitReached),
-        Joined::NotOpen => return Err(ApiError::NotOpen),
-        Joined::Closed => return Err(ApiError::Closed),
-    };
+    let (status, entry_id, position) =
+        match waitlist::join(&state.store, &entry, &user, quantity).await? {
+            Joined::New { entry_id, position } => (StatusCode::CREATED, entry_id, position),
+            Joined::Existing { entry_id, position } => (StatusCode::OK, entry_id, position),
+            Joined::InStock => return Err(ApiError::InStock),
+            Joined::LimitReached => return Err(ApiError::LimitReached),
+            Joined::NotOpen => return Err(ApiError::NotOpen),
+            Joined::Closed => return Err(ApiError::Closed),
+        };
     let resp = JoinResponse {
         entry_id,
         position,

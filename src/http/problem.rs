@@ -94,9 +94,8 @@ pub enum ApiError {
     SeatsTaken(Vec<String>),
     /// Seated SKU: no row has the asked number of adjacent free seats; the largest block.
     NoAdjacentSeats(i64),
-    /// What a seated SKU does not do: a restock (it grows by its plan, not by a count), or
-    /// (not built yet: docs/seats.md) a waitlist join. `true` for the waitlist.
-    SeatedSku(bool),
+    /// What a seated SKU does not do: a restock (it grows by its plan, not by a count).
+    SeatedSku,
     /// The seat map of a SKU sold by count.
     NotSeated,
     /// The SKU view while acknowledgements moved Redis under every reading it took.
@@ -224,7 +223,7 @@ impl ApiError {
                 "Too many joins from this visitor",
             ),
             SeatsTaken(_) => (StatusCode::CONFLICT, "seats_taken", "Seats taken"),
-            SeatedSku(_) => (
+            SeatedSku => (
                 StatusCode::CONFLICT,
                 "seated_sku",
                 "Not done on a seated SKU",
@@ -415,13 +414,9 @@ impl ApiError {
             NotQueued => "the SKU has no waiting room: claim it directly",
             NotSeated => "the SKU is sold by count (general admission): it has no seat map",
             InStock => "units remain: claim them instead of joining the waitlist",
-            SeatedSku(false) => {
+            SeatedSku => {
                 "a seated SKU's total is its seat plan: grow it by declaring longer rows or more \
                  rows and sections (PUT /admin/skus/{sku})"
-            }
-            SeatedSku(true) => {
-                "a seated SKU has no waitlist yet: its seats come back to the open map when a \
-                 hold ends (GET /v1/skus/{sku}/seats shows them)"
             }
             SeatsTaken(_) => {
                 "these seats (taken) are not free: choose others, or ask for best available"

@@ -32,7 +32,7 @@ pub(super) const PROBLEMS: &[(&str, u16, &str, &str)] = &[
     ("claim_compensated", 409, "PostgreSQL never recorded this claim; after the last attempt its units were given back to the stock.", "Claim again if units remain."),
     ("seats_taken", 409, "Some of the seats asked for are not free; the problem's taken lists them. Nothing was claimed (all or none).", "Choose other seats (GET /v1/skus/{sku}/seats), or ask for best available with quantity."),
     ("no_adjacent_seats", 409, "No row has that many adjacent free seats; the problem's largest_block is the most any row has.", "Ask for at most largest_block seats, or for seats apart with \"adjacent\": false."),
-    ("seated_sku", 409, "Not done on a seated SKU: a restock (its total is its seat plan, not a count), or a waitlist join (not built for seated SKUs yet).", "Grow the SKU by declaring it again with longer rows or more rows and sections (PUT /admin/skus/{sku}); on a sold-out seated SKU, watch the seat map (GET /v1/skus/{sku}/seats) for seats that come back."),
+    ("seated_sku", 409, "Not done on a seated SKU: a restock (its total is its seat plan, not a count).", "Grow the SKU by declaring it again with longer rows or more rows and sections (PUT /admin/skus/{sku})."),
     ("in_stock", 409, "Units remain, so there is no waitlist to join.", "Claim instead (POST /v1/skus/{sku}/claims)."),
     ("sku_exists", 409, "The SKU exists with another total.", "Declare it with the same total, or change the total with POST /admin/skus/{sku}/restock."),
     ("insufficient_stock", 409, "The restock would take the remaining stock below 0.", "Restock by at most minus the remaining stock."),

@@ -124,7 +124,7 @@ async fn route(state: &Arc<AppState>, req: Request<Incoming>) -> Result<Response
         ("/v1/claims/{claim_id}/cancel", "POST") => {
             lifecycle::decide_hold(state, p(0), &req, HoldOp::Cancel).await
         }
-        ("/v1/skus/{sku}/waitlist", "POST") => lifecycle::join_waitlist(state, p(0), &req).await,
+        ("/v1/skus/{sku}/waitlist", "POST") => lifecycle::join_waitlist(state, p(0), req).await,
         ("/v1/waitlist/{entry_id}", "GET") => lifecycle::get_entry(state, p(0), &req).await,
         ("/v1/waitlist/{entry_id}", "DELETE") => lifecycle::leave_waitlist(state, p(0), &req).await,
         // The operators' routes are boxed: their futures are 10-12 KiB, twice a claim's (5.5 KiB),

@@ -153,7 +153,9 @@ pub(super) async fn claim(
             seats,
             expires_ms,
         } => (claim_id, remaining, seats, expires_ms, true),
-        SeatOutcome::SoldOut { free: 0 } => {
+        // A section's sold-out says nothing of the other sections: learning it would refuse
+        // every ask on the SKU for as long as the memory lasts (found from outside).
+        SeatOutcome::SoldOut { free: 0 } if ask.spans_every_section() => {
             sold_out.learn(sku, entry.layout, ticket);
             return Err(refusal(state, sku, SeatOutcome::SoldOut { free: 0 }));
         }

@@ -253,6 +253,15 @@ async fn seed_seat_map(
                 .map_err(crate::error::StoreError::from)
         })
         .await?;
+    // The rows go into the state on every declare (an earlier gateway's seated SKU gets them
+    // too): the waitlist's offers search them for an entry's best seats.
+    store
+        .bounded(crate::scripts::seats::set_rows(
+            &mut con,
+            &store.keys(sku.as_str()),
+            plan,
+        ))
+        .await?;
     Ok(())
 }
 

@@ -52,6 +52,8 @@ pub struct WaitChange {
     pub order: i64,
     pub ms: i64,
     pub seq: i64,
+    /// The units the entry waits for (seats, on a seated SKU; 1 elsewhere).
+    pub quantity: u32,
 }
 
 /// A journal entry that carries lifecycle records (and no winner): acknowledged with `units`

@@ -122,7 +122,12 @@ pub(super) fn parse_entry(name: &ShardName, v: Value) -> Option<Result<Parsed, U
             .iter()
             .map(|c| {
                 let c = std::str::from_utf8(c).ok()?;
-                parse_packed(name, entry_id.clone(), c, w.is_some())
+                let mut won = parse_packed(name, entry_id.clone(), c, w.is_some())?;
+                // A seated SKU's offer names its seats (lib/lifecycle.lua offer_seats).
+                if let Some(z) = field(b"z") {
+                    won.seats = Some(std::str::from_utf8(z).ok()?.to_string());
+                }
+                Some(won)
             })
             .collect::<Option<Vec<Winner>>>()
             .filter(|ws| ws.len() <= 1),
@@ -200,7 +205,8 @@ fn parse_change(entry_id: &str, raw: &str) -> Option<Change> {
     it.next().is_none().then_some(c)
 }
 
-/// "entry_id|status|order|ms|seq|len(user)|user" (lua/lib/lifecycle.lua).
+/// "entry_id|status|order|ms|seq|len(user)|user", and "|quantity" above 1
+/// (lua/lib/lifecycle.lua).
 fn parse_wait(entry_id: &str, raw: &str) -> Option<WaitChange> {
     let mut it = raw.splitn(7, '|');
     let waitlist_entry = Uuid::parse_str(it.next()?).ok()?;
@@ -209,8 +215,8 @@ fn parse_wait(entry_id: &str, raw: &str) -> Option<WaitChange> {
     let ms = it.next()?.parse().ok()?;
     let seq = it.next()?.parse().ok()?;
     let len: usize = it.next()?.parse().ok()?;
-    let user = it.next()?;
-    (user.len() == len).then(|| WaitChange {
+    let (user, quantity) = crate::record::user_and_quantity(it.next()?, len)?;
+    Some(WaitChange {
         journal_entry: entry_id.to_string(),
         entry_id: waitlist_entry,
         user: user.to_string(),
@@ -218,6 +224,7 @@ fn parse_wait(entry_id: &str, raw: &str) -> Option<WaitChange> {
         order,
         ms,
         seq,
+        quantity,
     })
 }
 

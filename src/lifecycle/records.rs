@@ -49,13 +49,15 @@ impl Hold {
     }
 }
 
-/// "status|order|joined_ms|len(user)|user".
+/// "status|order|joined_ms|len(user)|user", and "|quantity" when it waits for more than one
+/// unit (a seated SKU's entry).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     pub status: EntryStatus,
     pub order: i64,
     pub joined_ms: i64,
     pub user: String,
+    pub quantity: u32,
 }
 
 impl Entry {
@@ -65,12 +67,13 @@ impl Entry {
         let order = it.next()?.parse().ok()?;
         let joined_ms = it.next()?.parse().ok()?;
         let len: usize = it.next()?.parse().ok()?;
-        let user = it.next()?;
-        (user.len() == len).then(|| Entry {
+        let (user, quantity) = crate::record::user_and_quantity(it.next()?, len)?;
+        Some(Entry {
             status,
             order,
             joined_ms,
             user: user.to_string(),
+            quantity,
         })
     }
 }

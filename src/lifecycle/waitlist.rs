@@ -32,13 +32,21 @@ pub struct EntryView {
     pub claim_id: Option<Uuid>,
     /// When the offer lapses, while offered.
     pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// The units the entry waits for: the seats its offer holds on a seated SKU, else 1.
+    pub quantity: i32,
 }
 
-/// Joins the SKU's waitlist for `user`.
+/// Joins the SKU's waitlist for `user`, waiting for `quantity` units (seats, on a seated SKU;
+/// the caller checked it against the SKU).
 ///
 /// # Errors
 /// Redis could not decide (fail closed).
-pub async fn join(store: &Store, sku: &Sku, user: &str) -> Result<Joined, LifecycleError> {
+pub async fn join(
+    store: &Store,
+    sku: &Sku,
+    user: &str,
+    quantity: u32,
+) -> Result<Joined, LifecycleError> {
     // A sharded SKU's buyer joins the line of its own shard, where its claims and its offer
     // are counted, ordered by a ticket of the SKU's; the other shards are checked first, not
     // atomically with the join (src/shards/line.rs).
@@ -52,13 +60,17 @@ pub async fn join(store: &Store, sku: &Sku, user: &str) -> Result<Joined, Lifecy
     let keys = store.keys(&name);
     let entry_id = crate::ids::mint(sku.tag);
     let mut con = store.hot();
+    let ask = scripts::lifecycle::JoinAsk {
+        entry_id: &entry_id,
+        user,
+        quantity,
+        in_stock_elsewhere: check.is_some_and(|c| c.in_stock_elsewhere),
+        ticket: check.map(|c| c.ticket),
+    };
     let call = store.bounded(scripts::lifecycle::join_waitlist(
         &mut con,
         &keys,
-        &entry_id,
-        user,
-        check.is_some_and(|c| c.in_stock_elsewhere),
-        check.map(|c| c.ticket),
+        ask,
         store.floor(&name),
     ));
     let mut joined = crate::activity::with_mark(store, &name, call).await?;
@@ -172,6 +184,7 @@ async fn from_redis(
             .filter(|_| e.status == EntryStatus::Offered)
             .and_then(|h| chrono::DateTime::from_timestamp_millis(h.expires_ms)),
         status: e.status,
+        quantity: i32::try_from(e.quantity).unwrap_or(i32::MAX),
     }))
 }
 
@@ -184,7 +197,7 @@ async fn from_ledger(
                 CASE WHEN w.status = 'waiting' THEN
                   (SELECT count(*) FROM waitlist o WHERE o.sku = w.sku AND o.status = 'waiting'
                       AND o.position <= w.position) END AS position,
-                w.claim_id,
+                w.claim_id, w.quantity,
                 CASE WHEN w.status = 'offered' THEN i.expires_at END AS expires_at
            FROM waitlist w LEFT JOIN issuances i ON i.claim_id = w.claim_id
           WHERE w.entry_id = $1",

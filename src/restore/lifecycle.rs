@@ -29,6 +29,7 @@ struct EntryRow {
     position: i64,
     status: crate::status::EntryStatus,
     joined_ms: i64,
+    quantity: i32,
 }
 
 /// Writes the SKU's holds and line from the ledger (replacing whatever Redis has of them).
@@ -128,7 +129,7 @@ pub(super) async fn stage(
     }
     drop(holds);
     let mut entries = sqlx::query_as::<_, EntryRow>(
-        "SELECT entry_id, user_id, position, status,
+        "SELECT entry_id, user_id, position, status, quantity,
                 (extract(epoch FROM created_at) * 1000)::bigint AS joined_ms
            FROM waitlist WHERE sku = $1 AND status IN ('waiting', 'offered')
           ORDER BY position",
@@ -143,13 +144,19 @@ pub(super) async fn stage(
             continue;
         }
         let id = e.entry_id.to_string();
+        // lua/lib/lifecycle.lua's pack_entry: the quantity only above 1.
         let rec = format!(
-            "{}|{}|{}|{}|{}",
+            "{}|{}|{}|{}|{}{}",
             e.status,
             e.position,
             e.joined_ms,
             e.user_id.len(),
-            e.user_id
+            e.user_id,
+            if e.quantity > 1 {
+                format!("|{}", e.quantity)
+            } else {
+                String::new()
+            }
         );
         let keys = &shards[home(&e.user_id)];
         let pipe = pipes.add(home(&e.user_id));

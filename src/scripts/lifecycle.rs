@@ -136,10 +136,22 @@ pub enum Joined {
     Closed,
 }
 
-/// Puts `user` at the end of the waitlist of the SKU (or shard) of `keys` under the new entry
-/// id `entry_id` (`join_waitlist.lua`). `in_stock_elsewhere`: another shard holds units or a
-/// transfer is in flight (always `false` on a SKU of one shard); `ticket`: the join's order in
-/// a sharded SKU's one line (`None` on a SKU of one shard). A position is this line's.
+/// A join: `user` at the end of the line under the new entry id `entry_id`, waiting for
+/// `quantity` units (a seated SKU's entry is offered the best seats for it; 1 elsewhere).
+/// `in_stock_elsewhere`: another shard holds units or a transfer is in flight (always `false`
+/// on a SKU of one shard); `ticket`: the join's order in a sharded SKU's one line (`None` on a
+/// SKU of one shard).
+#[derive(Debug, Clone, Copy)]
+pub struct JoinAsk<'a> {
+    pub entry_id: &'a Uuid,
+    pub user: &'a str,
+    pub quantity: u32,
+    pub in_stock_elsewhere: bool,
+    pub ticket: Option<i64>,
+}
+
+/// Puts the joiner of `ask` at the end of the waitlist of the SKU (or shard) of `keys`
+/// (`join_waitlist.lua`). A position is this line's.
 ///
 /// # Errors
 /// [`StoreError::SkuLost`] / [`StoreError::Stale`] when the state fails closed (nothing
@@ -148,21 +160,19 @@ pub enum Joined {
 pub async fn join_waitlist<C: ConnectionLike>(
     con: &mut C,
     keys: &SkuKeys,
-    entry_id: &Uuid,
-    user: &str,
-    in_stock_elsewhere: bool,
-    ticket: Option<i64>,
+    ask: JoinAsk<'_>,
     floor: Floor,
 ) -> Result<Joined, StoreError> {
     let mut inv = SCRIPTS.join_waitlist.prepare_invoke();
     for k in keys.lifecycle() {
         inv.key(k);
     }
-    inv.arg(entry_id.to_string())
-        .arg(user)
-        .arg(if in_stock_elsewhere { "1" } else { "0" })
-        .arg(ticket.map_or(String::new(), |t| t.to_string()))
-        .arg(floor);
+    inv.arg(ask.entry_id.to_string())
+        .arg(ask.user)
+        .arg(if ask.in_stock_elsewhere { "1" } else { "0" })
+        .arg(ask.ticket.map_or(String::new(), |t| t.to_string()))
+        .arg(floor)
+        .arg(ask.quantity);
     let (code, id, position): (i64, String, i64) = inv.invoke_async(con).await?;
     let entry_id =
         || Uuid::parse_str(&id).map_err(|_| StoreError::Protocol(format!("join: entry {id:?}")));

@@ -92,15 +92,18 @@ pub struct Scripts {
     pub admit_queue: Script,
     /// A seated SKU's claim of exact seats or best available (src/scripts/seats.rs).
     pub claim_seats: Script,
+    pub seat_rows: Script,
 }
 
-/// A script that ends holds or gives units back, with `lua/lib/fresh.lua` and
+/// A script that ends holds or gives units back, with `lua/lib/fresh.lua`,
+/// `lua/lib/seats.lua` (a waitlist offer on a seated SKU searches the best seats) and
 /// `lua/lib/lifecycle.lua` (functions only) prepended: one atomic script, its shared parts
 /// written once.
 macro_rules! lifecycle_script {
     ($file:literal) => {
         Script::new(concat!(
             include_str!("../../lua/lib/fresh.lua"),
+            include_str!("../../lua/lib/seats.lua"),
             include_str!("../../lua/lib/lifecycle.lua"),
             include_str!(concat!("../../lua/", $file))
         ))
@@ -160,7 +163,12 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     join_queue: queue_script!("join_queue.lua"),
     read_ticket: queue_script!("read_ticket.lua"),
     admit_queue: queue_script!("admit_queue.lua"),
-    claim_seats: fresh_script!("claim_seats.lua"),
+    claim_seats: Script::new(concat!(
+        include_str!("../../lua/lib/fresh.lua"),
+        include_str!("../../lua/lib/seats.lua"),
+        include_str!("../../lua/claim_seats.lua")
+    )),
+    seat_rows: Script::new(include_str!("../../lua/seat_rows.lua")),
 });
 
 /// Loads every script into Redis (SCRIPT LOAD), so the first claim does not pay for it.
@@ -198,6 +206,7 @@ pub async fn load_all<C: ConnectionLike>(con: &mut C) -> Result<(), StoreError> 
         &s.read_ticket,
         &s.admit_queue,
         &s.claim_seats,
+        &s.seat_rows,
     ] {
         script.prepare_invoke().load_async(con).await?;
     }

@@ -222,6 +222,9 @@ pub struct Rebuild<'a> {
     /// On a shard of a sharded SKU only: the generation stamped on the state, so no transfer
     /// begun before the restore is applied to it (its transfers not yet done are dropped).
     pub generation: Option<i64>,
+    /// A seated SKU's rows (`SeatPlan::rows_spec`), written into the state in the same step:
+    /// the waitlist's offers search them (`lua/seat_rows.lua` on a declare).
+    pub rows: Option<String>,
 }
 
 /// Rebuilds the state of `keys` as `rebuild` says, only where no state is present
@@ -256,8 +259,14 @@ pub async fn restore_sku<C: ConnectionLike>(
         .arg(opt_ms(terms.opens_ms))
         .arg(opt_ms(terms.closes_ms))
         .arg(rebuild.wl_order);
-    if let Some(generation) = rebuild.generation {
-        inv.arg(generation);
+    match (rebuild.generation, &rebuild.rows) {
+        (Some(generation), rows) => {
+            inv.arg(generation).arg(rows.as_deref().unwrap_or(""));
+        }
+        (None, Some(rows)) => {
+            inv.arg("").arg(rows);
+        }
+        (None, None) => {}
     }
     let applied: i64 = inv.invoke_async(con).await?;
     if applied == -4 {

@@ -17,6 +17,9 @@ pub struct SeatAsk {
     spec: String,
     /// The request in one string (a replay must be the same request).
     print: String,
+    /// The ask reads every free seat (exact seats, or best available in every section), so
+    /// its `sold_out` with 0 free means the whole SKU is gone; a section's does not.
+    whole: bool,
 }
 
 impl SeatAsk {
@@ -46,6 +49,7 @@ impl SeatAsk {
             n: ids.len(),
             print: digest(&format!("x;{}", ids.join(","))),
             spec: spec.join(";"),
+            whole: true,
         })
     }
 
@@ -68,27 +72,25 @@ impl SeatAsk {
                 return Err(PlanError(format!("unknown section {s:?}")));
             }
         }
-        let mut rows = Vec::new();
-        for s in plan.sections() {
-            if section.is_some_and(|name| name != s.name) {
-                continue;
-            }
-            for r in &s.rows {
-                rows.push(format!("{}:{}:{}-{}-", r.offset, r.count, s.name, r.name));
-            }
-        }
         let mode = if adjacent { "b" } else { "f" };
         Ok(SeatAsk {
             mode,
             n,
             print: digest(&format!("{mode};{n};{}", section.unwrap_or(""))),
-            spec: rows.join(";"),
+            spec: plan.rows_spec(section),
+            whole: section.is_none(),
         })
     }
 
     /// The number of seats asked for.
     pub fn seats(&self) -> usize {
         self.n
+    }
+
+    /// Whether a `sold_out` answer to this ask speaks for the whole SKU (see `whole`): only
+    /// such an answer may teach the gateway's sold-out memory, which refuses every ask.
+    pub fn spans_every_section(&self) -> bool {
+        self.whole
     }
 }
 
@@ -216,4 +218,23 @@ fn parse(reply: &[Value]) -> Option<SeatOutcome> {
         "stale" => SeatOutcome::Stale,
         _ => return None,
     })
+}
+
+/// Writes a seated SKU's rows into its state (`seat_rows.lua`), for the waitlist's offers.
+/// Returns `false` when the state is missing (nothing is written; a restore writes them).
+///
+/// # Errors
+/// The Redis error of the call.
+pub async fn set_rows<C: ConnectionLike>(
+    con: &mut C,
+    keys: &SkuKeys,
+    plan: &SeatPlan,
+) -> Result<bool, StoreError> {
+    let written: i64 = SCRIPTS
+        .seat_rows
+        .key(keys.state())
+        .arg(plan.rows_spec(None))
+        .invoke_async(con)
+        .await?;
+    Ok(written == 1)
 }

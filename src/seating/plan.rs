@@ -229,6 +229,21 @@ impl SeatPlan {
         })
     }
 
+    /// The rows of the plan (or of one section) as the best-available search reads them
+    /// (`lua/lib/seats.lua`): `offset:count:prefix;...` in declared order, best first.
+    pub fn rows_spec(&self, section: Option<&str>) -> String {
+        let mut rows = Vec::new();
+        for s in &self.sections {
+            if section.is_some_and(|name| name != s.name) {
+                continue;
+            }
+            for r in &s.rows {
+                rows.push(format!("{}:{}:{}-{}-", r.offset, r.count, s.name, r.name));
+            }
+        }
+        rows.join(";")
+    }
+
     /// Every row of the plan (or of one section), in declared order.
     pub fn rows_of<'a>(&'a self, section: Option<&'a str>) -> impl Iterator<Item = &'a Row> + 'a {
         self.sections

@@ -66,11 +66,12 @@ macro_rules! advances {
 /// never offered names no claim, or a client would hold the id of a claim that never existed.
 const APPLY_WAITS: &str = concat!(
     "INSERT INTO waitlist AS w
-      (entry_id, sku, user_id, position, status, claim_id, created_at, updated_at)
+      (entry_id, sku, user_id, position, status, claim_id, created_at, updated_at, quantity)
     SELECT e, $1, u, o, st, CASE WHEN st IN ('offered', 'claimed') THEN e END,
-           to_timestamp(ms::double precision / 1000), to_timestamp(ms::double precision / 1000)
-      FROM UNNEST($2::uuid[], $3::text[], $4::int8[], $5::text[], $6::int8[])
-        AS t(e, u, o, st, ms)
+           to_timestamp(ms::double precision / 1000), to_timestamp(ms::double precision / 1000),
+           q
+      FROM UNNEST($2::uuid[], $3::text[], $4::int8[], $5::text[], $6::int8[], $7::int4[])
+        AS t(e, u, o, st, ms, q)
     ON CONFLICT (entry_id) DO UPDATE
        SET status = CASE WHEN ",
     advances!("w.status", "EXCLUDED.status"),
@@ -136,6 +137,11 @@ pub async fn apply_waits(
             .bind(step.iter().map(|w| w.order).collect::<Vec<_>>())
             .bind(step.iter().map(|w| w.status.as_str()).collect::<Vec<_>>())
             .bind(step.iter().map(|w| w.ms).collect::<Vec<_>>())
+            .bind(
+                step.iter()
+                    .map(|w| i32::try_from(w.quantity).unwrap_or(i32::MAX))
+                    .collect::<Vec<_>>(),
+            )
             .execute(db)
             .await?;
     }

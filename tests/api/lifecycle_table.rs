@@ -29,6 +29,7 @@ const NOT_STATUSES: &[&str] = &[
     "stock",
     "stale",
     "wl_pool",
+    "rows",
     "inflight",
     "limit",
     "wl_until",
@@ -618,6 +619,7 @@ async fn the_writers_waitlist_statement_moves_entries_only_forward_along_the_tab
             order: 1,
             ms: now,
             seq: 1,
+            quantity: 1,
         })
         .collect();
     dropgate::writer::apply_waits(&db, crate::helpers::sku_id("lc"), &waits)

@@ -276,6 +276,7 @@ async fn a_restore_that_read_the_total_before_a_restock_on_the_absent_state_rebu
         terms: scripts::Terms::limit(1),
         wl_order: 0,
         generation: None,
+        rows: None,
     };
     let staged = keys.users_restore(&Uuid::now_v7());
     // The late rebuild of the restore of epoch 1, from the total before the restock.

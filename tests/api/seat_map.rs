@@ -308,6 +308,38 @@ async fn a_sold_out_hall_refuses_seated_claims_without_asking_redis() {
     }
 }
 
+/// A section sold out says nothing of the others: its `sold_out` must not teach the gateway
+/// that the SKU is sold out (found from outside: after a section's refusal, claims anywhere
+/// on the SKU were refused from memory until units came back, 99 of 120 under load).
+#[tokio::test]
+async fn a_sold_out_section_does_not_refuse_claims_in_the_others() {
+    let app = spawn_app().await;
+    declare_seated(
+        &app,
+        "split",
+        json!({"sections": [{"name": "A", "rows": 1, "count": 2},
+                            {"name": "B", "rows": 1, "count": 4}]}),
+    )
+    .await;
+    claim(&app, "split", "s1", json!({"quantity": 2, "section": "A"})).await;
+    let r = app
+        .http
+        .post(format!("{}/v1/skus/split/claims", app.base))
+        .bearer_auth(token("s2"))
+        .json(&json!({"quantity": 1, "section": "A"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 409);
+    assert_eq!(code(&r.json().await.unwrap()), "sold_out");
+    // At once, with no key (the sold-out memory's path): section B and the whole SKU sell.
+    let b = claim(&app, "split", "s3", json!({"quantity": 1, "section": "B"})).await;
+    assert_eq!(b["seats"], json!(["B-1-1"]), "{b}");
+    let any = claim(&app, "split", "s4", json!({"quantity": 1})).await;
+    assert_eq!(any["seats"].as_array().map(Vec::len), Some(1), "{any}");
+    assert_eq!(app.probe.stock("split").await, Some(2));
+}
+
 /// Redis back with an older copy of a seated SKU (its state and map from before two sales):
 /// the seat map never draws it (503 until a restore, found from outside: a gateway served the
 /// sold seats as free for a second), and after the restore a keyed retry of a seated claim

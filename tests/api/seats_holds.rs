@@ -8,85 +8,13 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::helpers::{code, spawn_app, token, wait_for, TestApp, ADMIN};
-
-async fn declare_held_hall(app: &TestApp, sku: &str, hold_seconds: i64) {
-    let r = app
-        .http
-        .put(format!("{}/admin/skus/{sku}", app.base))
-        .bearer_auth(ADMIN)
-        .json(
-            &json!({"seats": {"sections": [{"name": "A", "rows": 1, "count": 8}]},
-                      "per_user_limit": 4, "hold_seconds": hold_seconds}),
-        )
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 201, "{:?}", r.text().await);
-}
-
-async fn take(app: &TestApp, sku: &str, user: &str, body: Value) -> (u16, Value) {
-    let r = app
-        .http
-        .post(format!("{}/v1/skus/{sku}/claims", app.base))
-        .bearer_auth(token(user))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    (r.status().as_u16(), r.json().await.unwrap())
-}
-
-async fn act(app: &TestApp, claim: &str, user: &str, what: &str) -> (u16, Value) {
-    let r = app
-        .http
-        .post(format!("{}/v1/claims/{claim}/{what}", app.base))
-        .bearer_auth(token(user))
-        .send()
-        .await
-        .unwrap();
-    (r.status().as_u16(), r.json().await.unwrap())
-}
-
-/// The map's taken bits as `x`/`.` (seat 1 first) of a one-row hall of 8 seats.
-async fn map(app: &TestApp, sku: &str) -> String {
-    let mut con = app.probe.redis.clone();
-    let bits: Vec<u8> = redis::cmd("GET")
-        .arg(format!("{}:{{{sku}}}:seats", app.probe.prefix))
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    (0..8)
-        .map(
-            |b| match bits.first().is_some_and(|x| x & (0x80 >> b) != 0) {
-                true => 'x',
-                false => '.',
-            },
-        )
-        .collect()
-}
-
-/// PostgreSQL's live seats of `sku` (the unique `issuance_seats`), sorted.
-async fn live_seats(app: &TestApp, sku: &str) -> Vec<String> {
-    sqlx::query_scalar("SELECT seat FROM issuance_seats WHERE sku = $1 ORDER BY seat")
-        .bind(sku)
-        .fetch_all(&app.db)
-        .await
-        .unwrap()
-}
-
-async fn ledger_status(app: &TestApp, claim: &str) -> Option<String> {
-    sqlx::query_scalar("SELECT status FROM issuances WHERE claim_id = $1::uuid")
-        .bind(claim)
-        .fetch_optional(&app.db)
-        .await
-        .unwrap()
-}
+use crate::helpers::{code, spawn_app, token, wait_for};
+use crate::seat_support::{act, declare_hall, ledger_status, live_seats, map, take};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_confirmed_seated_hold_keeps_its_seats_and_a_cancelled_one_frees_exactly_them() {
     let app = spawn_app().await;
-    declare_held_hall(&app, "heldhall", 300).await;
+    declare_hall(&app, "heldhall", 300).await;
     let (s, keep) = take(
         &app,
         "heldhall",
@@ -163,7 +91,7 @@ async fn a_confirmed_seated_hold_keeps_its_seats_and_a_cancelled_one_frees_exact
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_seated_hold_frees_exactly_its_seats_even_after_a_restore() {
     let app = spawn_app().await;
-    declare_held_hall(&app, "exphall", 3).await;
+    declare_hall(&app, "exphall", 3).await;
     let (s, a) = take(&app, "exphall", "u-a", json!({"seats": ["A-1-3", "A-1-4"]})).await;
     assert_eq!(s, 201, "{a}");
     let (s, b) = take(&app, "exphall", "u-b", json!({"seats": ["A-1-7"]})).await;
@@ -206,37 +134,4 @@ async fn an_expired_seated_hold_frees_exactly_its_seats_even_after_a_restore() {
     assert_eq!(s, 201, "{body}");
     let v = app.drained("exphall").await;
     assert_eq!(v["consistent"], true, "{v}");
-}
-
-#[tokio::test]
-async fn a_seated_skus_waitlist_is_refused_with_words_and_nothing_changes() {
-    let app = spawn_app().await;
-    declare_held_hall(&app, "fullhall", 60).await;
-    let four = json!({"seats": ["A-1-1", "A-1-2", "A-1-3", "A-1-4"]});
-    let (s, body) = take(&app, "fullhall", "u-all", four).await;
-    assert_eq!(s, 201, "{body}");
-    let four = json!({"seats": ["A-1-5", "A-1-6", "A-1-7", "A-1-8"]});
-    let (s, body) = take(&app, "fullhall", "u-all2", four).await;
-    assert_eq!(s, 201, "{body}");
-    let r = app
-        .http
-        .post(format!("{}/v1/skus/fullhall/waitlist", app.base))
-        .bearer_auth(token("u-wait"))
-        .json(&json!({}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 409);
-    assert_eq!(code(&r.json().await.unwrap()), "seated_sku");
-    let entries: i64 = sqlx::query_scalar("SELECT count(*) FROM waitlist")
-        .fetch_one(&app.db)
-        .await
-        .unwrap();
-    let mut con = app.probe.redis.clone();
-    let line: i64 = redis::cmd("ZCARD")
-        .arg(format!("{}:{{fullhall}}:wl", app.probe.prefix))
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    assert_eq!((entries, line), (0, 0));
 }

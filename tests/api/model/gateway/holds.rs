@@ -139,10 +139,19 @@ pub async fn lookup(cx: &Ctx<'_>, rng: &mut StdRng) -> Result<(), String> {
     Ok(())
 }
 
-/// The waitlist of the held SKU: join (409 `in_stock` while units remain), read an entry (an
-/// offer is confirmed at once or left to lapse), leave.
+/// The waitlist of the held SKU or of the seated one (whose join asks for 1 to its limit of
+/// seats: the offer holds the best seats for them): join (409 `in_stock` while units
+/// remain), read an entry (an offer is confirmed at once or left to lapse), leave.
 pub async fn waitlist(cx: &Ctx<'_>, rng: &mut StdRng) -> Result<(), String> {
-    let sku = "h0";
+    let sku = if rng.random_bool(0.5) {
+        "h0"
+    } else {
+        super::seats::SKU
+    };
+    let body = match sku {
+        "h0" => serde_json::json!({}),
+        _ => serde_json::json!({"quantity": rng.random_range(1..=super::skus::spec(sku).limit)}),
+    };
     let known = {
         let h = cx.history.lock();
         (!h.entries.is_empty() && rng.random_bool(0.6))
@@ -154,12 +163,13 @@ pub async fn waitlist(cx: &Ctx<'_>, rng: &mut StdRng) -> Result<(), String> {
             .http
             .post(format!("{}/v1/skus/{sku}/waitlist", cx.base))
             .bearer_auth(own_token(rng, &user, sku))
+            .json(&body)
             .send()
             .await;
         let (status, body, _) = answer(r).await;
         let c = code(&body).to_string();
         let mut h = cx.history.lock();
-        h.count("join", status, &c);
+        h.count(if sku == "h0" { "join" } else { "seat-join" }, status, &c);
         match (status, c.as_str()) {
             (200 | 201, _) => {
                 let Some(entry) = body["entry_id"].as_str().and_then(|s| s.parse().ok()) else {

@@ -1,8 +1,9 @@
 //! The model's seated SKU (API.md "Reserved seating"): claims of exact seats and of best
 //! available (adjacent or not, in a section or anywhere), under fresh keys, replays and none,
 //! held for 2 s and then confirmed, cancelled or left to expire by `holds.rs` like any hold;
-//! restocks (409 `seated_sku`), waitlist joins (409 `seated_sku`: not built for seats),
-//! restores and every fault of the nemesis. Checked as answers come (a 201 carries as many
+//! restocks (409 `seated_sku`), waitlist joins for 1 to 4 seats and their offers (`holds.rs`:
+//! each offer holds the best seats for its entry's quantity), restores and every fault of the
+//! nemesis. Checked as answers come (a 201 carries as many
 //! distinct seats of the plan as asked, exact seats are the ones asked, a replay the first
 //! win's), twice a second (`stock` + taken seats = total, read in one step), and at the end
 //! (no seat in two live claims in the ledger; Redis's map is the ledger's live seats).
@@ -88,26 +89,10 @@ fn draw_body(rng: &mut StdRng) -> (Value, Option<Vec<String>>, i64) {
     }
 }
 
-/// A claim on the seated SKU, or now and then a waitlist join (409 `seated_sku`).
+/// A claim on the seated SKU.
 pub async fn claim(cx: &Ctx<'_>, rng: &mut StdRng, step: u64) -> Result<(), String> {
     let user = buyer(rng, SKU);
     let token = own_token(rng, &user, SKU);
-    if rng.random_bool(0.03) {
-        let r = cx
-            .http
-            .post(format!("{}/v1/skus/{SKU}/waitlist", cx.base))
-            .bearer_auth(&token)
-            .send()
-            .await;
-        let (status, body, _) = answer(r).await;
-        cx.history.lock().count("seat-join", status, code(&body));
-        return match (status, code(&body)) {
-            (409, "seated_sku") | (503, _) | (0, _) => Ok(()),
-            _ => Err(format!(
-                "a seated SKU's waitlist join answered {status} {body}"
-            )),
-        };
-    }
     let prior = cx
         .history
         .lock()
