@@ -4,14 +4,17 @@
 #
 #   loadtest/seats.sh
 #
-# Two SKUs on the same gateway and Redis: `plain` (a count, SEATS units) and `hall` (SEATS
-# seats: 10 sections of 50 rows of SEATS/500). Each round runs wrk (`wrk/post.lua`, every
-# request `{"quantity":1}`: best available on the hall, one unit on the plain SKU) for
-# DURATION_S on one, then the other, in alternating order, at CONNS connections; every request
-# is a winner (BUYERS distinct buyers, the hall far from full). Prints claims/s, p99 and Redis
+# Two kinds of SKU on the same gateway and Redis: `plain` (a count, PLAIN_UNITS) and `hall`
+# (SEATS seats: 10 sections of 50 rows of SEATS/500), a fresh one of each per round (so no
+# round finds its SKU sold out or its buyers at their limit). Each round runs wrk
+# (`wrk/post.lua`, every request `{"quantity":1}`: best available on the hall, one unit on the
+# plain SKU) for DURATION_S on one, then the other, in alternating order, at CONNS connections;
+# every request is a winner (BUYERS distinct buyers at 4 each; PLAIN_UNITS and SEATS above
+# what a round sells: a plain SKU sold out mid-round would cap its rate and flatter the ratio). Prints claims/s, p99 and Redis
 # CPU per claim of each, and the ratio hall / plain per round and overall.
-# Environment: ROUNDS (3), DURATION_S (5), CONNS (64), THREADS (2), BUYERS (60000),
-# SEATS (200000), SKIP_BUILD=1, DROPGATE_BIN, KEEP_TMP=1.
+# Environment: ROUNDS (3), DURATION_S (5), CONNS (64), THREADS (2), BUYERS (100000),
+# SEATS (200000, the most a plan may have), PLAIN_UNITS (1000000), SKIP_BUILD=1, DROPGATE_BIN,
+# KEEP_TMP=1.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -23,8 +26,9 @@ ROUNDS=${ROUNDS:-3}
 DURATION_S=${DURATION_S:-5}
 CONNS=${CONNS:-64}
 THREADS=${THREADS:-2}
-BUYERS=${BUYERS:-60000}
+BUYERS=${BUYERS:-100000}
 SEATS=${SEATS:-200000}
+PLAIN_UNITS=${PLAIN_UNITS:-1000000}
 LIFE_S=$((ROUNDS * DURATION_S * 4 + 300))
 
 trap cleanup EXIT
@@ -45,13 +49,17 @@ ADMIN=$(rand_hex 24)
 start_private_redis_or_shared "s$ID"
 PREFIXES+=("s$ID")
 start_gateway gateway "dg_seats_$ID" "s$ID"
-PLAIN="plain-$ID" HALL="hall-$ID"
 per_row=$((SEATS / 500))
-admin PUT "$GW_URL/admin/skus/$PLAIN" "{\"total\":$SEATS,\"per_user_limit\":4}" >/dev/null
 sections=$(jq -nc --argjson c "$per_row" '[range(0;10) | {name: ("S" + tostring), rows: 50, count: $c}]')
-admin PUT "$GW_URL/admin/skus/$HALL" "{\"seats\":{\"sections\":$sections},\"per_user_limit\":4}" |
-  jq -e '.total' >/dev/null || die "the hall was not declared"
-say "gateway $GW_URL; plain $PLAIN ($SEATS units), hall $HALL ($SEATS seats, rows of $per_row)"
+declare_round() {
+  local round=$1
+  admin PUT "$GW_URL/admin/skus/plain-$ID-$round" "{\"total\":$PLAIN_UNITS,\"per_user_limit\":4}" >/dev/null
+  admin PUT "$GW_URL/admin/skus/hall-$ID-$round" \
+    "{\"seats\":{\"sections\":$sections},\"per_user_limit\":4}" |
+    jq -e '.total' >/dev/null || die "the hall of round $round was not declared"
+}
+for round in $(seq 1 "$ROUNDS"); do declare_round "$round"; done
+say "gateway $GW_URL; per round a plain SKU ($PLAIN_UNITS units) and a hall ($SEATS seats, rows of $per_row)"
 say "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
 DROPGATE_ADMISSION_SECRET=$SECRET "$DROPGATE_BIN" token --user buyer --count "$BUYERS" \
@@ -70,11 +78,11 @@ run_one() {
 }
 for round in $(seq 1 "$ROUNDS"); do
   if ((round % 2)); then
-    run_one plain "$PLAIN" "$round"
-    run_one hall "$HALL" "$round"
+    run_one plain "plain-$ID-$round" "$round"
+    run_one hall "hall-$ID-$round" "$round"
   else
-    run_one hall "$HALL" "$round"
-    run_one plain "$PLAIN" "$round"
+    run_one hall "hall-$ID-$round" "$round"
+    run_one plain "plain-$ID-$round" "$round"
   fi
 done
 
@@ -88,5 +96,7 @@ awk -F'\t' '
     printf "overall: hall %.0f claims/s (p99 max %.2f ms, Redis %.2f us/claim), plain %.0f claims/s (p99 max %.2f ms, Redis %.2f us/claim): ratio %.3f\n",
       h, p99["hall"] / 1000, rcpu["hall"] * 1e6 / won["hall"], p, p99["plain"] / 1000, rcpu["plain"] * 1e6 / won["plain"], h / p
   }' "$RESULTS"
-v=$(admin GET "$GW_URL/admin/skus/$HALL")
-say "hall after the run: $(jq -c '{remaining, seats, consistent}' <<<"$v")"
+for round in $(seq 1 "$ROUNDS"); do
+  v=$(admin GET "$GW_URL/admin/skus/hall-$ID-$round")
+  say "hall of round $round after the run: $(jq -c '{remaining, seats, consistent}' <<<"$v")"
+done

@@ -173,7 +173,7 @@ pub async fn restore(
             wl_order,
             // The generation: no transfer begun before this restore applies to its states.
             generation: sharded.then_some(epoch),
-            rows: row.plan.as_ref().map(|p| p.rows_spec(None)),
+            rows: row.plan.as_ref().map(|p| p.rows_spec(None).to_string()),
         };
         let applied = store
             .bounded(scripts::operator::restore_sku(&mut con, &keys[i], &rebuild))

@@ -14,7 +14,7 @@ use crate::seating::{PlanError, SeatPlan};
 pub struct SeatAsk {
     mode: &'static str,
     n: usize,
-    spec: String,
+    spec: std::sync::Arc<str>,
     /// The request in one string (a replay must be the same request).
     print: String,
     /// The ask reads every free seat (exact seats, or best available in every section), so
@@ -48,7 +48,7 @@ impl SeatAsk {
             mode: "x",
             n: ids.len(),
             print: digest(&format!("x;{}", ids.join(","))),
-            spec: spec.join(";"),
+            spec: spec.join(";").into(),
             whole: true,
         })
     }
@@ -165,7 +165,7 @@ pub async fn claim_seats<C: ConnectionLike>(
         .arg(user)
         .arg(ask.mode)
         .arg(ask.n)
-        .arg(&ask.spec)
+        .arg(&*ask.spec)
         .arg(field.unwrap_or_default())
         .arg(idempotency_key.unwrap_or(""))
         .arg(&ask.print)
@@ -233,7 +233,7 @@ pub async fn set_rows<C: ConnectionLike>(
     let written: i64 = SCRIPTS
         .seat_rows
         .key(keys.state())
-        .arg(plan.rows_spec(None))
+        .arg(&*plan.rows_spec(None))
         .invoke_async(con)
         .await?;
     Ok(written == 1)

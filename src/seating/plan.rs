@@ -1,5 +1,7 @@
 //! A seated SKU's plan, parsed and checked once at the edge; seat ids to bits and back.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 /// Most seats in one SKU: a large stadium and some (25 KB of map).
@@ -28,6 +30,9 @@ pub struct Row {
 pub struct Section {
     pub name: String,
     pub rows: Vec<Row>,
+    /// Its rows as the search reads them ([`SeatPlan::rows_spec`]), made once: a claim sends
+    /// it as is instead of formatting every row of the section per request.
+    spec: Arc<str>,
 }
 
 /// The plan as declared: sections and rows in declared order (first = best).
@@ -35,6 +40,15 @@ pub struct Section {
 pub struct SeatPlan {
     sections: Vec<Section>,
     seats: u32,
+    /// Every row as the search reads them, made once (see [`Section`]'s).
+    spec: Arc<str>,
+}
+
+fn spec_of<'a>(rows: impl Iterator<Item = (&'a str, &'a Row)>) -> Arc<str> {
+    let parts: Vec<String> = rows
+        .map(|(section, r)| format!("{}:{}:{section}-{}-", r.offset, r.count, r.name))
+        .collect();
+    Arc::from(parts.join(";"))
 }
 
 /// The declared JSON: a row list, or a uniform section's row count with `count` seats each.
@@ -142,14 +156,22 @@ impl SeatPlan {
                     return refuse(format!("seats: more than {MAX_SEATS} seats"));
                 }
             }
+            let spec = spec_of(out.iter().map(|r| (s.name.as_str(), r)));
             sections.push(Section {
                 name: s.name,
                 rows: out,
+                spec,
             });
         }
+        let spec = spec_of(
+            sections
+                .iter()
+                .flat_map(|s| s.rows.iter().map(move |r| (s.name.as_str(), r))),
+        );
         Ok(SeatPlan {
             sections,
             seats: offset,
+            spec,
         })
     }
 
@@ -230,18 +252,15 @@ impl SeatPlan {
     }
 
     /// The rows of the plan (or of one section) as the best-available search reads them
-    /// (`lua/lib/seats.lua`): `offset:count:prefix;...` in declared order, best first.
-    pub fn rows_spec(&self, section: Option<&str>) -> String {
-        let mut rows = Vec::new();
-        for s in &self.sections {
-            if section.is_some_and(|name| name != s.name) {
-                continue;
-            }
-            for r in &s.rows {
-                rows.push(format!("{}:{}:{}-{}-", r.offset, r.count, s.name, r.name));
-            }
+    /// (`lua/lib/seats.lua`): `offset:count:prefix;...` in declared order, best first; an
+    /// unknown section has none.
+    pub fn rows_spec(&self, section: Option<&str>) -> Arc<str> {
+        match section {
+            None => self.spec.clone(),
+            Some(name) => self
+                .section(name)
+                .map_or_else(|| Arc::from(""), |s| s.spec.clone()),
         }
-        rows.join(";")
     }
 
     /// Every row of the plan (or of one section), in declared order.

@@ -11,55 +11,14 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::durability::install_trigger;
-use crate::helpers::{spawn_app_with, token, wait_for, TestApp, ADMIN};
+use crate::helpers::{spawn_app_with, token, wait_for, TestApp};
+use crate::seat_support::{self, declare_hall, map};
 
-async fn declare_hall(app: &TestApp, sku: &str) {
-    let r = app
-        .http
-        .put(format!("{}/admin/skus/{sku}", app.base))
-        .bearer_auth(ADMIN)
-        .json(
-            &json!({"seats": {"sections": [{"name": "A", "rows": 1, "count": 8}]},
-                      "per_user_limit": 4}),
-        )
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 201);
-}
-
+/// Exactly `seats` for `user`, which must win.
 async fn take(app: &TestApp, sku: &str, user: &str, seats: &[&str]) -> Value {
-    let r = app
-        .http
-        .post(format!("{}/v1/skus/{sku}/claims", app.base))
-        .bearer_auth(token(user))
-        .json(&json!({ "seats": seats }))
-        .send()
-        .await
-        .unwrap();
-    let status = r.status();
-    let body: Value = r.json().await.unwrap();
+    let (status, body) = seat_support::take(app, sku, user, json!({ "seats": seats })).await;
     assert_eq!(status, 201, "{body}");
     body
-}
-
-/// The map's taken bits as `x`/`.` (seat 1 first).
-async fn map(app: &TestApp, sku: &str) -> String {
-    let mut con = app.probe.redis.clone();
-    let bits: Vec<u8> = redis::cmd("GET")
-        .arg(format!("{}:{{{sku}}}:seats", app.probe.prefix))
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    (0..8)
-        .map(|b| {
-            if bits.first().is_some_and(|x| x & (0x80 >> b) != 0) {
-                'x'
-            } else {
-                '.'
-            }
-        })
-        .collect()
 }
 
 async fn unrefuse(app: &TestApp) {
@@ -77,7 +36,7 @@ async fn a_parked_seated_claim_written_later_keeps_its_seats_in_the_ledger() {
     })
     .await;
     install_trigger(&app.db).await;
-    declare_hall(&app, "parkhall").await;
+    declare_hall(&app, "parkhall", 0).await;
     let won = take(&app, "parkhall", "bad-1", &["A-1-2", "A-1-3"]).await;
     let id = won["claim_id"].as_str().unwrap().to_string();
     take(&app, "parkhall", "good-1", &["A-1-6"]).await;
@@ -151,7 +110,7 @@ async fn a_compensated_seated_claim_frees_exactly_its_seats_and_they_sell_again(
     })
     .await;
     install_trigger(&app.db).await;
-    declare_hall(&app, "comphall").await;
+    declare_hall(&app, "comphall", 0).await;
     take(&app, "comphall", "good-1", &["A-1-1"]).await;
     let won = take(&app, "comphall", "bad-2", &["A-1-4", "A-1-5"]).await;
     let id = won["claim_id"].as_str().unwrap().to_string();
@@ -185,7 +144,7 @@ async fn a_compensated_seated_claim_frees_exactly_its_seats_and_they_sell_again(
 async fn a_restore_keeps_the_seats_of_a_parked_claim_taken() {
     let app = spawn_app_with(|c| c.reprocess_max_attempts = "100".into()).await;
     install_trigger(&app.db).await;
-    declare_hall(&app, "losthall").await;
+    declare_hall(&app, "losthall", 0).await;
     take(&app, "losthall", "bad-1", &["A-1-6", "A-1-7"]).await;
     take(&app, "losthall", "good-1", &["A-1-1"]).await;
     wait_for(Duration::from_secs(30), || async {
