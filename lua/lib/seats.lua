@@ -153,9 +153,9 @@ local function seat_search(map, spec, mode, n)
       -- The row's free runs, as seat numbers.
       local runs, pos, free = {}, math.max(o, f), 0
       while pos <= row_end do
-        if #runs == 8 then
-          -- A fragmented row (late in a drop, singles everywhere): two calls a run would cost
-          -- more than reading the rest of the row once and decoding it here.
+        if #runs == 3 or c <= 64 then
+          -- A short row, or a fragmented one (late in a drop, singles everywhere): two calls a
+          -- run would cost more than reading the rest of the row once and decoding it here.
           local from = math.floor(pos / 8)
           local bytes = redis.call('GETRANGE', map, from, math.floor(row_end / 8))
           local run_a = nil
