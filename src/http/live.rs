@@ -66,6 +66,7 @@ pub(super) fn stream(state: &Arc<AppState>, req: &Request<Incoming>) -> Result<R
                 live: &state.live,
                 store: &state.store,
                 catalog: &state.catalog,
+                seat_maps: &state.seat_maps,
             };
             let frame = watch.frame(&sources).await;
             let mut line = serde_json::to_vec(&frame).unwrap_or_default();

@@ -72,7 +72,16 @@ pub(super) async fn claim(
     }
     if entry.plan.is_some() {
         // Seats, never a bare count: a count claim would sell units the seat map never gave.
-        return super::seats::claim(state, &entry, sku, &user, &body, idempotency_key).await;
+        let started = std::time::Instant::now();
+        let answer = super::seats::claim(state, &entry, sku, &user, &body, idempotency_key).await;
+        // Counted for the live page like a count claim (a seated drop's card and its hall).
+        let outcome = match &answer {
+            Ok(r) if r.headers().contains_key("idempotency-replayed") => "replayed",
+            Ok(_) => "won",
+            Err(e) => e.code(),
+        };
+        state.live.stats.record(sku, outcome, started.elapsed());
+        return answer;
     }
     if quantity < 1 || quantity > i64::from(entry.per_user_limit) {
         return Err(ApiError::BadRequest(format!(

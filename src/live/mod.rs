@@ -9,6 +9,7 @@
 //! each stream's [`Watch`] turns its totals into rates. The page shows what this gateway
 //! answered; with several gateways, open the page of each (or use the Grafana dashboard).
 
+mod hall;
 mod stats;
 
 use std::collections::{BTreeMap, HashMap};
@@ -20,6 +21,7 @@ use crate::catalog::Catalog;
 use crate::ledger::{self, SkuView};
 use crate::sku::SkuId;
 use crate::store::Store;
+pub use hall::{Hall, HallRow, HallSection};
 pub use stats::{ClaimStats, Counts};
 
 /// SKUs shown at most: the SKUs this gateway answered claims for first, then the catalog in
@@ -67,6 +69,9 @@ pub struct SkuFrame {
     /// The 99th percentile of this gateway's decisions of the SKU in the last 10 seconds.
     pub p99_claim_latency_seconds: Option<f64>,
     pub journal_lag_seconds: Option<f64>,
+    /// A seated SKU's hall ([`hall`]), when it changed since this stream's previous frame;
+    /// `None` otherwise (the page keeps drawing the last one).
+    pub hall: Option<Hall>,
 }
 
 /// What a frame reads: this gateway's claim counts, the catalog and Redis.
@@ -74,6 +79,8 @@ pub struct Sources<'a> {
     pub live: &'a Live,
     pub store: &'a Store,
     pub catalog: &'a Catalog,
+    /// The seat-map copies the seat route serves (a hall is drawn from the same copy).
+    pub seat_maps: &'a crate::seatmaps::SeatMaps,
 }
 
 /// One open stream's memory: the counts of the previous frame, for rates.
@@ -82,6 +89,8 @@ pub struct Watch {
     /// Each SKU's totals at the previous frame, and when that frame was taken.
     last: HashMap<String, Counts>,
     last_at: Option<std::time::Instant>,
+    /// The tag of each seated SKU's hall last sent.
+    halls: HashMap<String, String>,
 }
 
 impl Watch {
@@ -112,7 +121,18 @@ impl Watch {
             let current = counts.get(&sku).cloned().unwrap_or_default();
             let delta = deltas.get(&sku).cloned().unwrap_or_default();
             let view = ledger::view(state.store, state.catalog, id).await.ok();
+            let hall = match state.catalog.get(id).await {
+                Ok(Some(entry)) => {
+                    let last = self.halls.get(&sku).map(String::as_str);
+                    hall::changed(state.store, state.seat_maps, &entry, last).await
+                }
+                _ => None,
+            };
+            if let Some(h) = &hall {
+                self.halls.insert(sku.clone(), h.tag.clone());
+            }
             out.push(SkuFrame {
+                hall,
                 claims_per_second: delta.rates(elapsed),
                 claims_total: current.totals(),
                 idle_seconds: counts.get(&sku).map(|c| c.idle_secs),

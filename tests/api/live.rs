@@ -64,6 +64,74 @@ async fn the_live_stream_is_the_admins_and_sends_a_frame_a_second() {
     assert!(first["time"].is_string());
 }
 
+/// A seated SKU's frame carries its hall (free, held and sold seats, from the seat-map copy
+/// and the live holds), then nothing while it stays the same, then the hall again once a hold
+/// ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seated_skus_frames_draw_its_hall_as_seats_are_held_sold_and_freed() {
+    use crate::seat_support::{act, declare_hall, take};
+    use serde_json::json;
+    let app = spawn_app().await;
+    declare_hall(&app, "lvhall", 300).await;
+    let (s, held) = take(&app, "lvhall", "u-held", json!({"seats": ["A-1-2"]})).await;
+    assert_eq!(s, 201, "{held}");
+    let (s, sold) = take(
+        &app,
+        "lvhall",
+        "u-sold",
+        json!({"seats": ["A-1-4", "A-1-5"]}),
+    )
+    .await;
+    assert_eq!(s, 201, "{sold}");
+    let (s, body) = act(
+        &app,
+        sold["claim_id"].as_str().unwrap(),
+        "u-sold",
+        "confirm",
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+
+    let mut r = stream(&app, Some(ADMIN)).send().await.unwrap();
+    let mut buf = Vec::new();
+    let hall_of = |frame: &Value| {
+        frame["skus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["sku"] == "lvhall")
+            .map(|s| s["hall"].clone())
+            .unwrap()
+    };
+    let first = hall_of(&next_line(&mut r, &mut buf).await);
+    assert_eq!(
+        first["sections"][0]["rows"][0]["seats"], ".h.xx...",
+        "{first}"
+    );
+    assert_eq!(
+        (&first["free"], &first["held"], &first["sold"]),
+        (&json!(5), &json!(1), &json!(2)),
+        "{first}"
+    );
+    assert_eq!(hall_of(&next_line(&mut r, &mut buf).await), Value::Null);
+    let (s, body) = act(&app, held["claim_id"].as_str().unwrap(), "u-held", "cancel").await;
+    assert_eq!(s, 200, "{body}");
+    let mut seen = None;
+    for _ in 0..6 {
+        let h = hall_of(&next_line(&mut r, &mut buf).await);
+        if !h.is_null() {
+            seen = Some(h);
+            break;
+        }
+    }
+    let after = seen.expect("the hall is sent again once a hold ends");
+    assert_eq!(
+        after["sections"][0]["rows"][0]["seats"], "...xx...",
+        "{after}"
+    );
+    assert_eq!((&after["held"], &after["sold"]), (&json!(0), &json!(2)));
+}
+
 #[tokio::test]
 async fn the_live_page_is_self_contained_and_holds_no_data() {
     let app = spawn_app().await;
@@ -161,6 +229,17 @@ async fn the_live_page_charts_a_running_drop_in_headless_chromium() {
     .await;
     assert_eq!(r.status(), 201);
     crate::queue::join_many(&app.api, "queue-drop", "visitor", 40, 20).await;
+    // A seated hall with a seat held and one sold: its card draws the hall.
+    crate::seat_support::declare_hall(&app, "seat-drop", 300).await;
+    let one = serde_json::json!({"seats": ["A-1-1"]});
+    let (s, _) = crate::seat_support::take(&app, "seat-drop", "seat-a", one).await;
+    assert_eq!(s, 201);
+    let eight = serde_json::json!({"seats": ["A-1-8"]});
+    let (s, sold) = crate::seat_support::take(&app, "seat-drop", "seat-b", eight).await;
+    assert_eq!(s, 201);
+    let sold = sold["claim_id"].as_str().unwrap().to_string();
+    let (s, _) = crate::seat_support::act(&app, &sold, "seat-b", "confirm").await;
+    assert_eq!(s, 200);
 
     // Buyers keep arriving while the page is open, far more of them at live-drop: it is the
     // most active SKU and comes first; the idle one comes last, whatever its name.
@@ -212,6 +291,13 @@ async fn the_live_page_charts_a_running_drop_in_headless_chromium() {
         .args(["--expect", " · set 2/s</dd>"])
         .args(["--expect", r#"data-chart="queue" data-points="8""#])
         .args(["--expect", r#"data-chart="admitted" data-points="7""#])
+        // The seated hall, drawn.
+        .args(["--expect", r#"data-sku="seat-drop""#])
+        .args([
+            "--expect",
+            r#"data-field="hall">seats: 6 free · 1 held · 1 sold</div>"#,
+        ])
+        .args(["--expect", r#"data-field="hall-canvas""#])
         .env("DROPGATE_LIVE_TOKEN", ADMIN)
         .env(
             "PATH",
