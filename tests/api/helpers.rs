@@ -273,6 +273,23 @@ impl Api {
     }
 }
 impl Probe {
+    /// Redis loses every key of `sku` (a restart without persistence, for that SKU only).
+    pub async fn lose_sku(&self, sku: &str) {
+        let mut con = self.redis.clone();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{}:{{{sku}}}:*", self.prefix))
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        if !keys.is_empty() {
+            let _: () = redis::cmd("DEL")
+                .arg(&keys)
+                .query_async(&mut con)
+                .await
+                .unwrap();
+        }
+    }
+
     /// HGET straight from Redis. Retried briefly: right after a Redis restart the first call
     /// on a reconnecting connection fails.
     async fn hget(&self, key: String, field: &str) -> Option<i64> {

@@ -283,16 +283,7 @@ async fn a_retry_after_a_restore_replays_the_first_answer_of_its_key_whatever_be
     assert_eq!(s, 200);
     settled(&app, &app.probe, "rk").await;
     // Redis loses everything it held of the SKU (a restart without persistence).
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{}:{{rk}}:*", app.probe.prefix))
-        .query_async(&mut app.probe.redis.clone())
-        .await
-        .unwrap();
-    let _: () = redis::cmd("DEL")
-        .arg(&keys)
-        .query_async(&mut app.probe.redis.clone())
-        .await
-        .unwrap();
+    app.probe.lose_sku("rk").await;
     let r = app.restore("rk", false).await;
     assert_eq!(r.status(), 200);
 

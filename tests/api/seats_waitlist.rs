@@ -146,17 +146,7 @@ async fn a_restore_brings_the_line_back_with_its_quantities_and_offers_follow_it
     })
     .await;
     // Redis loses the SKU; the restore rebuilds the map, the holds and the line.
-    let mut con = app.probe.redis.clone();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{}:{{wlrest}}:*", app.probe.prefix))
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    let _: () = redis::cmd("DEL")
-        .arg(&keys)
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    app.probe.lose_sku("wlrest").await;
     let r = app.restore("wlrest", false).await;
     assert_eq!(r.status(), 200, "{:?}", r.text().await);
     assert_eq!(map(&app, "wlrest").await, "xxxxxxxx");

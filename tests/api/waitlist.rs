@@ -183,17 +183,7 @@ async fn restore_brings_back_holds_and_the_line_in_order() {
     })
     .await;
     // Redis loses every key of the SKU.
-    let mut con = app.probe.redis.clone();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{}:{{lost}}:*", app.probe.prefix))
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    let _: () = redis::cmd("DEL")
-        .arg(&keys)
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    app.probe.lose_sku("lost").await;
 
     assert_eq!(app.restore("lost", false).await.status(), 200);
     assert_eq!(app.stock("lost").await, Some(0));
