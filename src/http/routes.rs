@@ -72,16 +72,7 @@ pub(super) async fn claim(
     }
     if entry.plan.is_some() {
         // Seats, never a bare count: a count claim would sell units the seat map never gave.
-        let started = std::time::Instant::now();
-        let answer = super::seats::claim(state, &entry, sku, &user, &body, idempotency_key).await;
-        // Counted for the live page like a count claim (a seated drop's card and its hall).
-        let outcome = match &answer {
-            Ok(r) if r.headers().contains_key("idempotency-replayed") => "replayed",
-            Ok(_) => "won",
-            Err(e) => e.code(),
-        };
-        state.live.stats.record(sku, outcome, started.elapsed());
-        return answer;
+        return seated(state, &entry, sku, &user, &body, idempotency_key).await;
     }
     if quantity < 1 || quantity > i64::from(entry.per_user_limit) {
         return Err(ApiError::BadRequest(format!(
@@ -114,6 +105,27 @@ pub(super) async fn claim(
         }
     }
     Ok(won_response(sku, &user, &won, replayed))
+}
+
+/// A claim on a seated SKU ([`super::seats::claim`]), counted for the live page like a count
+/// claim (a seated drop's card and its hall).
+async fn seated(
+    state: &AppState,
+    entry: &crate::catalog::Sku,
+    sku: &SkuId,
+    user: &str,
+    body: &[u8],
+    idempotency_key: Option<String>,
+) -> Result<Response<Body>> {
+    let started = std::time::Instant::now();
+    let answer = super::seats::claim(state, entry, sku, user, body, idempotency_key).await;
+    let outcome = match &answer {
+        Ok(r) if r.headers().contains_key("idempotency-replayed") => "replayed",
+        Ok(_) => "won",
+        Err(e) => e.code(),
+    };
+    state.live.stats.record(sku, outcome, started.elapsed());
+    answer
 }
 
 /// One DEBUG line per decided claim, fields first, so an operator can follow a claim id from

@@ -163,33 +163,36 @@ pub(super) async fn claim(
     };
     state.claims.writer_won(sku.as_str());
     m::claim_decided(if replayed { "replayed" } else { "won" }, started.elapsed());
-    let mut resp = json(
-        StatusCode::CREATED,
-        &SeatClaimResponse {
-            claim_id: id,
-            sku,
-            user,
-            quantity: seats.len(),
-            status: if expires_ms.is_some() {
-                ClaimStatus::Held
-            } else {
-                ClaimStatus::Issued
-            },
-            expires_at: expires_ms
-                .and_then(chrono::DateTime::from_timestamp_millis)
-                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
-            remaining,
-            seats: &seats,
+    let won = SeatClaimResponse {
+        claim_id: id,
+        sku,
+        user,
+        quantity: seats.len(),
+        status: if expires_ms.is_some() {
+            ClaimStatus::Held
+        } else {
+            ClaimStatus::Issued
         },
-    );
+        expires_at: expires_ms
+            .and_then(chrono::DateTime::from_timestamp_millis)
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+        remaining,
+        seats: &seats,
+    };
+    Ok(won_response(&won, replayed))
+}
+
+/// The 201 of a won or replayed seated claim, with its `Location`.
+fn won_response(won: &SeatClaimResponse<'_>, replayed: bool) -> Response<Body> {
+    let mut resp = json(StatusCode::CREATED, won);
     let h = resp.headers_mut();
-    if let Ok(v) = HeaderValue::from_str(&format!("/v1/claims/{id}")) {
+    if let Ok(v) = HeaderValue::from_str(&format!("/v1/claims/{}", won.claim_id)) {
         h.insert(LOCATION, v);
     }
     if replayed {
         h.insert("idempotency-replayed", HeaderValue::from_static("true"));
     }
-    Ok(resp)
+    resp
 }
 
 fn refusal(state: &AppState, sku: &SkuId, o: SeatOutcome) -> ApiError {
