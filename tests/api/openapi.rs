@@ -99,8 +99,11 @@ async fn every_route_is_served_and_every_other_method_is_405() {
 /// The codes `ApiError::parts` can answer, read from its source: its only snake_case string
 /// literals are the codes (titles are sentences).
 fn emitted_codes() -> BTreeSet<String> {
-    let src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/http/problem.rs"))
-        .unwrap();
+    let src = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src/http/problem/table.rs"
+    ))
+    .unwrap();
     let start = src.find("fn parts(").expect("ApiError::parts exists");
     let end = start + src[start..].find("\n    }\n").unwrap();
     src[start..end]
