@@ -124,16 +124,20 @@ pub fn draw(
 async fn held_bits(store: &Store, sku: &str, plan: &SeatPlan) -> Option<HashSet<u32>> {
     let key = store.keys(sku).holds();
     let mut con = store.hot();
+    // Past the limit: `None`, so the hall says `held_known: false` (found by a helper's
+    // review: an empty list here drew held seats as sold while claiming to know them).
     let records: Vec<String> = store
         .bounded(async {
             let n: usize = redis::cmd("HLEN").arg(&key).query_async(&mut con).await?;
             if n > MAX_HOLDS_READ {
-                return Ok(vec![]);
+                return Ok(None);
             }
-            Ok(redis::cmd("HVALS").arg(&key).query_async(&mut con).await?)
+            Ok(Some(
+                redis::cmd("HVALS").arg(&key).query_async(&mut con).await?,
+            ))
         })
         .await
-        .ok()?;
+        .ok()??;
     let mut bits = HashSet::new();
     for rec in &records {
         if let Some(h) = crate::lifecycle::records::Hold::parse(rec) {

@@ -165,10 +165,15 @@ async fn a_sold_out_visitor_joins_the_waitlist_with_its_visitor_token_and_claims
         ]
     })
     .await;
-    let users: Vec<String> = sqlx::query_scalar("SELECT user_id FROM waitlist WHERE sku = $1")
-        .bind(sku)
-        .fetch_all(&app.probe.db)
-        .await
-        .unwrap();
-    assert_eq!(users, ["v"]);
+    // The entry's row is written in the writer's waitlist step, which may follow the claims'
+    // rows by a batch: awaited, not read once.
+    wait_for(LONG, || async {
+        let users: Vec<String> = sqlx::query_scalar("SELECT user_id FROM waitlist WHERE sku = $1")
+            .bind(sku)
+            .fetch_all(&app.probe.db)
+            .await
+            .unwrap();
+        users == ["v"]
+    })
+    .await;
 }
